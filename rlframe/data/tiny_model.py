@@ -1,0 +1,81 @@
+"""Small Qwen2-architecture models built from a seed, saved as local HF directories.
+
+`build_random_model(out_dir, preset="demo", seed=0)` writes `config.json`, `model.safetensors`
+and the character tokenizer, loadable by `AutoModelForCausalLM.from_pretrained` and by vLLM.
+Presets name shapes used across tests and benchmarks; `count_parameters(preset)` gives their
+sizes. Weights are random (seeded); pre-training for the demo lives elsewhere.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    intermediate_size: int
+    max_positions: int = 512
+
+
+# head_dim = hidden_size / num_heads is 32 or 64 everywhere: sizes vLLM's CPU attention supports.
+PRESETS: dict[str, ModelShape] = {
+    "test": ModelShape(hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=128),
+    "demo": ModelShape(hidden_size=128, num_layers=4, num_heads=4, num_kv_heads=2, intermediate_size=384),
+    "12m": ModelShape(hidden_size=256, num_layers=12, num_heads=8, num_kv_heads=4, intermediate_size=1024),
+    "50m": ModelShape(hidden_size=512, num_layers=12, num_heads=8, num_kv_heads=4, intermediate_size=2048),
+    "100m": ModelShape(hidden_size=768, num_layers=12, num_heads=12, num_kv_heads=4, intermediate_size=3072),
+}
+
+
+def make_config(shape: ModelShape, tokenizer):
+    from transformers import Qwen2Config
+
+    return Qwen2Config(
+        vocab_size=len(tokenizer),
+        hidden_size=shape.hidden_size,
+        intermediate_size=shape.intermediate_size,
+        num_hidden_layers=shape.num_layers,
+        num_attention_heads=shape.num_heads,
+        num_key_value_heads=shape.num_kv_heads,
+        max_position_embeddings=shape.max_positions,
+        tie_word_embeddings=False,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        torch_dtype="float32",
+    )
+
+
+def build_random_model(out_dir: str | Path, *, preset: str = "demo", seed: int = 0) -> Path:
+    """Write a seeded random-init Qwen2 model + char tokenizer to `out_dir`; return the path."""
+    import torch
+    from transformers import Qwen2ForCausalLM
+
+    from rlframe.data.tokenizer import save_char_tokenizer
+
+    if preset not in PRESETS:
+        raise ValueError(f"unknown model preset {preset!r}; choose one of {sorted(PRESETS)}")
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    tok = save_char_tokenizer(out)
+    torch.manual_seed(seed)
+    model = Qwen2ForCausalLM(make_config(PRESETS[preset], tok)).to(torch.float32)
+    model.save_pretrained(str(out))
+    return out
+
+
+def count_parameters(preset: str) -> int:
+    """Number of parameters of a preset, computed on the meta device (no memory)."""
+    import torch
+    from transformers import Qwen2ForCausalLM
+
+    from rlframe.data.tokenizer import build_char_tokenizer
+
+    with torch.device("meta"):
+        model = Qwen2ForCausalLM(make_config(PRESETS[preset], build_char_tokenizer()))
+    return sum(p.numel() for p in model.parameters())

@@ -1,0 +1,102 @@
+"""Run one function on N local processes joined in a gloo process group.
+
+Used by tests and benchmarks that need real torch.distributed ranks without Ray:
+`run_distributed(fn, world_size=4, args=(...))` starts `world_size` spawned processes,
+initialises `torch.distributed` (gloo) in each, calls `fn(rank, world_size, *args)` and returns
+the list of per-rank return values (which must be picklable). An exception on any rank is
+re-raised in the caller with that rank's traceback; a rank that hangs fails after `timeout_s`.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import queue
+import socket
+import time
+import traceback
+from typing import Any, Callable, Sequence
+
+
+class DistributedRunError(RuntimeError):
+    """A rank raised, died or timed out inside `run_distributed`."""
+
+
+def free_port() -> int:
+    """A TCP port that was free a moment ago on localhost (for MASTER_PORT)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _entry(fn, rank, world_size, port, args, env, results):
+    os.environ.update(env)
+    os.environ.update(
+        {"RANK": str(rank), "WORLD_SIZE": str(world_size), "LOCAL_RANK": str(rank),
+         "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+    )
+    import torch
+    import torch.distributed as dist
+
+    # Several ranks share two cores: one intra-op thread each avoids oversubscription.
+    torch.set_num_threads(int(env.get("RLFRAME_THREADS_PER_RANK", "1")))
+    try:
+        dist.init_process_group("gloo", rank=rank, world_size=world_size)
+        out = fn(rank, world_size, *args)
+        results.put((rank, True, out))
+    except BaseException:  # report every failure, including KeyboardInterrupt in a child
+        results.put((rank, False, traceback.format_exc()))
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def run_distributed(
+    fn: Callable[..., Any],
+    *,
+    world_size: int,
+    args: Sequence[Any] = (),
+    timeout_s: float = 300.0,
+    env: dict[str, str] | None = None,
+) -> list[Any]:
+    """Run `fn(rank, world_size, *args)` on `world_size` gloo ranks; return per-rank results.
+
+    `fn` must be importable by name (a module-level function), since processes are spawned.
+    """
+    ctx = mp.get_context("spawn")
+    results = ctx.Queue()
+    port = free_port()
+    procs = [
+        ctx.Process(target=_entry, args=(fn, r, world_size, port, tuple(args), dict(env or {}), results))
+        for r in range(world_size)
+    ]
+    for p in procs:
+        p.start()
+    outs: dict[int, Any] = {}
+    try:
+        deadline = time.monotonic() + timeout_s
+        while len(outs) < world_size:
+            try:
+                rank, ok, payload = results.get(timeout=1.0)
+            except queue.Empty:
+                missing = sorted(set(range(world_size)) - set(outs))
+                dead = [r for r in missing if procs[r].exitcode not in (None, 0)]
+                if dead:
+                    codes = {r: procs[r].exitcode for r in dead}
+                    raise DistributedRunError(f"ranks {dead} of {world_size} died (exit codes {codes})") from None
+                if time.monotonic() > deadline:
+                    raise DistributedRunError(
+                        f"ranks {missing} of {world_size} gave no result within {timeout_s:.0f}s "
+                        "(a hang in a collective, usually because another rank took a different path)"
+                    ) from None
+                continue
+            if not ok:
+                raise DistributedRunError(f"rank {rank} of {world_size} raised:\n{payload}")
+            outs[rank] = payload
+    finally:
+        for p in procs:
+            p.join(timeout=10)
+            if p.is_alive():
+                p.kill()
+                p.join()
+    return [outs[r] for r in range(world_size)]

