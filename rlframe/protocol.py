@@ -234,15 +234,15 @@ class DataProto:
         """A DataProto with tensor/non-tensor keys renamed by `mapping` (old -> new). Shares storage."""
         all_keys = self.batch_keys + self.non_tensor_keys
         check_keys_exist("rename", "field", list(mapping), all_keys)
-        tensors = {mapping.get(k, k): v for k, v in self.batch.items()} if self.batch is not None else {}
-        nt = {mapping.get(k, k): v for k, v in self.non_tensor_batch.items()}
-        new_names = list(tensors) + list(nt)
+        new_names = [mapping.get(k, k) for k in all_keys]
         if len(set(new_names)) != len(new_names):
             dup = sorted({k for k in new_names if new_names.count(k) > 1})
             raise ValueError(
                 f"DataProto.rename: renaming {mapping} gives duplicate keys {dup}; "
                 "pop or rename the existing field first"
             )
+        tensors = {mapping.get(k, k): v for k, v in self.batch.items()} if self.batch is not None else {}
+        nt = {mapping.get(k, k): v for k, v in self.non_tensor_batch.items()}
         batch = None if self.batch is None else TensorDict(tensors, batch_size=self.batch.batch_size)
         return DataProto(batch=batch, non_tensor_batch=nt, meta_info=dict(self.meta_info))
 
