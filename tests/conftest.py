@@ -4,6 +4,8 @@ import os
 
 import pytest
 
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
@@ -25,6 +27,6 @@ def ray_cluster():
 
     import ray
 
-    init_local_ray()
+    init_local_ray(runtime_env={"env_vars": {"PYTHONPATH": REPO_ROOT, "TOKENIZERS_PARALLELISM": "false"}})
     yield ray
     ray.shutdown()

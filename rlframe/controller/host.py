@@ -1,0 +1,74 @@
+"""WorkerHost: the body of one Ray actor, i.e. one rank's process of a worker group.
+
+The driver creates one host per rank, asks rank 0 for an address, has every host join the
+torch.distributed group, then places one or more role objects (`Worker` subclasses) in each host.
+Driver calls arrive as `call(role, method, args, kwargs)`.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from datetime import timedelta
+
+from rlframe.controller.dispatch import RankInfo
+from rlframe.controller.worker import WorkerContext, build_role
+
+
+class WorkerHost:
+    def __init__(self, *, group: str, rank: int, world_size: int, num_threads: int, env: dict[str, str]):
+        os.environ.update(env)
+        import torch
+
+        torch.set_num_threads(max(1, num_threads))
+        self.group, self.rank, self.world_size = group, rank, world_size
+        self.backend = "nccl" if torch.cuda.is_available() else "gloo"
+        self.roles: dict[str, object] = {}
+
+    def address(self) -> tuple[str, int]:
+        """This node's IP and a port that is free now, for rank 0 to serve the rendezvous."""
+        import ray
+
+        ip = ray.util.get_node_ip_address()
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind(("", 0))
+            return ip, s.getsockname()[1]
+
+    def init_distributed(self, *, master_addr: str, master_port: int, timeout_s: float) -> None:
+        import torch
+        import torch.distributed as dist
+
+        os.environ.update(
+            {"MASTER_ADDR": master_addr, "MASTER_PORT": str(master_port), "RANK": str(self.rank),
+             "WORLD_SIZE": str(self.world_size), "LOCAL_RANK": "0"}
+        )
+        if self.backend == "nccl":
+            torch.cuda.set_device(0)  # Ray sets CUDA_VISIBLE_DEVICES to this actor's GPU
+        dist.init_process_group(
+            self.backend, rank=self.rank, world_size=self.world_size, timeout=timedelta(seconds=timeout_s)
+        )
+
+    def add_role(self, role: str, cls: type, args: tuple, kwargs: dict) -> RankInfo:
+        ctx = WorkerContext(group=self.group, role=role, rank=self.rank, world_size=self.world_size,
+                            local_rank=0, backend=self.backend)
+        self.roles[role] = build_role(cls, ctx, args, kwargs)
+        return self.roles[role].rank_info()
+
+    def rank_info(self, role: str) -> RankInfo:
+        return self.roles[role].rank_info()
+
+    def call(self, role: str, method: str, args: tuple, kwargs: dict):
+        return getattr(self.roles[role], method)(*args, **kwargs)
+
+    def pid(self) -> int:
+        return os.getpid()
+
+    def shutdown(self) -> None:
+        import torch.distributed as dist
+
+        for obj in self.roles.values():
+            close = getattr(obj, "close", None)
+            if callable(close):
+                close()
+        if dist.is_initialized():
+            dist.destroy_process_group()

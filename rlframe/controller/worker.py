@@ -1,0 +1,80 @@
+"""Process side of the single controller: the `Worker` base class of every role.
+
+A worker group runs one process per rank (a Ray actor, `rlframe.controller.host.WorkerHost`).
+The host joins the group's torch.distributed process group once, then builds one object per role
+placed in it (several roles share a process when colocated, as in the hybrid engine). Each role
+object is a `Worker`: it knows its rank, the world size and its mesh, and exposes methods marked
+with `@register`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from rlframe.controller.dispatch import RankInfo
+from rlframe.controller.mesh import Mesh
+
+
+@dataclass(frozen=True)
+class WorkerContext:
+    group: str  # the worker group's name
+    role: str
+    rank: int
+    world_size: int
+    local_rank: int
+    backend: str  # "gloo" or "nccl"
+
+
+class Worker:
+    """Base class of a role. Subclasses define `__init__` freely and register methods.
+
+    `self.rank`, `self.world_size`, `self.role` are valid inside `__init__`. The default mesh is
+    pure data parallelism (`dp = world_size`); call `self.set_mesh(Mesh.of(...))` in `__init__` to
+    declare tensor/pipeline dims so DP_COMPUTE splits batches by the real dp size.
+    """
+
+    _ctx: WorkerContext
+    _mesh: Mesh | None = None
+
+    @property
+    def rank(self) -> int:
+        return self._ctx.rank
+
+    @property
+    def world_size(self) -> int:
+        return self._ctx.world_size
+
+    @property
+    def role(self) -> str:
+        return self._ctx.role
+
+    @property
+    def mesh(self) -> Mesh:
+        return self._mesh if self._mesh is not None else Mesh.of(dp=self.world_size)
+
+    def set_mesh(self, mesh: Mesh) -> None:
+        mesh.check_world_size(self.world_size)
+        self._mesh = mesh
+
+    def rank_info(self) -> RankInfo:
+        """This rank's place for dispatch: its dp coordinate and whether its output is collected.
+
+        One rank per dp group is collected: tp (and cp/ep) coordinate 0 on the last pp stage,
+        which is where a pipeline's outputs live.
+        """
+        mesh = self.mesh
+        coords = mesh.coords(self.rank)
+        collect = all(
+            c == (mesh.size(n) - 1 if n == "pp" else 0) for n, c in coords.items() if n != "dp"
+        )
+        return RankInfo(rank=self.rank, dp_rank=coords.get("dp", 0), dp_size=mesh.size("dp"), collect=collect)
+
+
+def build_role(cls: type, ctx: WorkerContext, args: tuple, kwargs: dict) -> Worker:
+    """Instantiate a role with its context set before its `__init__` runs."""
+    if not (isinstance(cls, type) and issubclass(cls, Worker)):
+        raise TypeError(f"role {ctx.role!r}: {cls!r} is not a subclass of rlframe.controller.Worker")
+    obj = cls.__new__(cls)
+    obj._ctx = ctx
+    obj.__init__(*args, **kwargs)
+    return obj

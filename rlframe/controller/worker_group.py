@@ -1,0 +1,216 @@
+"""RayWorkerGroup: the driver-side handle of one role running on N ranks.
+
+    pool = ResourcePool(procs_per_node=[4])
+    actor = RayWorkerGroup(pool, ActorWorker, name="actor", kwargs={"config": cfg})
+    out = actor.compute_log_prob(batch)                    # split -> call all ranks -> gather
+    fut = actor.compute_log_prob(batch, blocking=False)     # runs while the driver goes on
+    out = fut.get(timeout=60)
+
+Every method of the worker class marked `@register(dispatch=...)` becomes a method of the group
+with the same name. Colocated roles (`RayWorkerGroup.colocated`) share one process per rank.
+A rank that raises or dies surfaces here as an exception naming the group, role, rank and method;
+a call that outlives its timeout raises instead of hanging.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from rlframe.controller.decorator import registered_methods
+from rlframe.controller.dispatch import RankInfo, get_dispatch_mode
+from rlframe.controller.host import WorkerHost
+from rlframe.controller.resource_pool import ResourcePool
+
+
+class WorkerGroupError(RuntimeError):
+    """A call on a worker group failed: a rank raised, died, or did not answer in time."""
+
+
+class WorkerDiedError(WorkerGroupError):
+    pass
+
+
+class WorkerCallError(WorkerGroupError):
+    pass
+
+
+class WorkerTimeoutError(WorkerGroupError):
+    pass
+
+
+@dataclass
+class RoleSpec:
+    cls: type
+    args: tuple = ()
+    kwargs: dict = field(default_factory=dict)
+
+
+def _wait_all(calls: list[tuple[RankInfo, Any]], *, timeout: float | None, what: str) -> list[tuple[RankInfo, Any]]:
+    """ray.get every (rank, ref), failing fast on the first rank that raises or dies."""
+    import ray
+    from ray.exceptions import RayActorError, RayTaskError
+
+    pending = {ref: info for info, ref in calls}
+    results: dict[int, tuple[RankInfo, Any]] = {}
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while pending:
+        remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+        ready, _ = ray.wait(list(pending), num_returns=1, timeout=remaining)
+        if not ready:
+            ranks = sorted(info.rank for info in pending.values())
+            raise WorkerTimeoutError(
+                f"{what}: ranks {ranks} did not answer within {timeout}s (a rank may be stuck in a "
+                "collective because another rank failed or took a different path); pass a larger "
+                "timeout= or check the workers' logs"
+            )
+        for ref in ready:
+            info = pending.pop(ref)
+            try:
+                results[info.rank] = (info, ray.get(ref))
+            except RayActorError as err:
+                raise WorkerDiedError(f"{what}: rank {info.rank} died: {err}") from err
+            except RayTaskError as err:
+                raise WorkerCallError(
+                    f"{what}: rank {info.rank} raised {type(err.cause).__name__}: {err.cause}\n{err}"
+                ) from err
+    return [results[r] for r in sorted(results)]
+
+
+class GroupFuture:
+    """The pending result of a non-blocking group call; `get()` gathers it."""
+
+    def __init__(self, *, calls, collect, what: str, timeout: float | None):
+        self._calls, self._collect, self._what, self._timeout = calls, collect, what, timeout
+
+    @property
+    def refs(self) -> list:
+        return [ref for _, ref in self._calls]
+
+    def done(self) -> bool:
+        import ray
+
+        ready, _ = ray.wait(self.refs, num_returns=len(self.refs), timeout=0)
+        return len(ready) == len(self.refs)
+
+    def get(self, timeout: float | None = None):
+        outs = _wait_all(self._calls, timeout=self._timeout if timeout is None else timeout, what=self._what)
+        return self._collect(outs)
+
+
+class HostSet:
+    """The Ray actors (one per rank) of a pool, joined in one torch.distributed group."""
+
+    def __init__(self, pool: ResourcePool, *, name: str, env: dict[str, str] | None = None,
+                 init_timeout_s: float = 120.0):
+        import ray
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        self.name, self.pool = name, pool
+        remote = ray.remote(WorkerHost)
+        env = {"TOKENIZERS_PARALLELISM": "false", **(env or {})}
+        self.actors = [
+            remote.options(
+                num_cpus=pool.cpus_per_proc,
+                num_gpus=1 if pool.use_gpu else 0,
+                scheduling_strategy=PlacementGroupSchedulingStrategy(
+                    placement_group=pg, placement_group_bundle_index=idx
+                ),
+                runtime_env={"env_vars": env},
+            ).remote(group=name, rank=r, world_size=pool.world_size,
+                     num_threads=max(1, int(pool.cpus_per_proc)), env=env)
+            for r, (pg, idx) in enumerate(pool.slots())
+        ]
+        infos = [RankInfo(rank=r, dp_rank=r, dp_size=len(self.actors), collect=True) for r in range(len(self.actors))]
+        what = f"worker group {name!r} start-up"
+        [(_, (addr, port))] = _wait_all([(infos[0], self.actors[0].address.remote())], timeout=init_timeout_s, what=what)
+        _wait_all(
+            [(i, a.init_distributed.remote(master_addr=addr, master_port=port, timeout_s=init_timeout_s))
+             for i, a in zip(infos, self.actors)],
+            timeout=init_timeout_s, what=what,
+        )
+
+    @property
+    def world_size(self) -> int:
+        return len(self.actors)
+
+    def shutdown(self) -> None:
+        import ray
+
+        try:
+            ray.get([a.shutdown.remote() for a in self.actors], timeout=5)
+        except Exception:  # a dead or stuck rank must not stop the others from being killed
+            pass
+        for a in self.actors:
+            ray.kill(a)
+
+
+class RayWorkerGroup:
+    """Driver-side view of one role on a HostSet; registered methods are bound by name."""
+
+    def __init__(self, pool: ResourcePool, cls: type, *, name: str | None = None, args: tuple = (),
+                 kwargs: dict | None = None, env: dict[str, str] | None = None,
+                 timeout: float | None = None, _hosts: HostSet | None = None, _role: str | None = None):
+        self.name = name or cls.__name__
+        self.role = _role or self.name
+        self.cls = cls
+        self.default_timeout = timeout
+        self.hosts = _hosts or HostSet(pool, name=self.name, env=env)
+        refs = [(RankInfo(r, r, self.world_size, True), a.add_role.remote(self.role, cls, args, kwargs or {}))
+                for r, a in enumerate(self.hosts.actors)]
+        self.rank_infos = [info for _, info in _wait_all(refs, timeout=timeout, what=self._what("__init__"))]
+        self._bind_methods()
+
+    @classmethod
+    def colocated(cls, pool: ResourcePool, roles: dict[str, RoleSpec], *, name: str = "colocated",
+                  env: dict[str, str] | None = None, timeout: float | None = None) -> dict[str, "RayWorkerGroup"]:
+        """Several roles in one process per rank (the hybrid engine); one group handle per role."""
+        if not roles:
+            raise ValueError("colocated() needs at least one role")
+        hosts = HostSet(pool, name=name, env=env)
+        return {
+            role: cls(pool, spec.cls, name=name, args=spec.args, kwargs=spec.kwargs, timeout=timeout,
+                      _hosts=hosts, _role=role)
+            for role, spec in roles.items()
+        }
+
+    @property
+    def world_size(self) -> int:
+        return self.hosts.world_size
+
+    def _what(self, method: str) -> str:
+        return f"worker group {self.name!r} role {self.role!r} method {method!r}"
+
+    def _bind_methods(self) -> None:
+        for method in registered_methods(self.cls):
+            if hasattr(type(self), method):
+                raise ValueError(
+                    f"{self.cls.__name__}.{method} is registered but the name is taken by the worker "
+                    "group itself; rename the method"
+                )
+            bound = functools.partial(self.call, method)
+            functools.update_wrapper(bound, getattr(self.cls, method))
+            setattr(self, method, bound)
+
+    def call(self, method: str, *args, blocking: bool | None = None, timeout: float | None = None, **kwargs):
+        """Split args per the method's dispatch mode, call every rank, gather the outputs."""
+        reg = registered_methods(self.cls).get(method)
+        if reg is None:
+            raise AttributeError(f"{self.cls.__name__}.{method} is not a registered method")
+        mode = get_dispatch_mode(reg.dispatch)
+        per_rank = mode.split(args, kwargs, self.rank_infos)
+        calls = [
+            (info, actor.call.remote(self.role, method, *call))
+            for info, actor, call in zip(self.rank_infos, self.hosts.actors, per_rank)
+            if call is not None
+        ]
+        fut = GroupFuture(calls=calls, collect=mode.collect, what=self._what(method),
+                          timeout=self.default_timeout if timeout is None else timeout)
+        is_blocking = reg.blocking if blocking is None else blocking
+        return fut.get() if is_blocking else fut
+
+    def shutdown(self) -> None:
+        """Stop every process of this group (and of roles colocated with it)."""
+        self.hosts.shutdown()

@@ -1,0 +1,103 @@
+"""Worker groups on a real local Ray: dispatch per rank, colocation, failures, concurrency."""
+
+import pytest
+import torch
+
+from rlframe.controller import (
+    GroupFuture, RayWorkerGroup, ResourcePool, RoleSpec, WorkerCallError, WorkerDiedError,
+    WorkerTimeoutError,
+)
+from rlframe.protocol import DataProto
+from tests.controller.workers_for_tests import EchoWorker, FaultyWorker
+
+
+@pytest.fixture(scope="module")
+def echo4(ray_cluster):
+    pool = ResourcePool(procs_per_node=[4], name="echo-pool")
+    group = RayWorkerGroup(pool, EchoWorker, name="echo", kwargs={"mesh": {"dp": 2, "tp": 2}}, timeout=120)
+    yield group
+    group.shutdown()
+    pool.release()
+
+
+def test_one_to_all_all_to_all_rank_zero(echo4):
+    assert echo4.whoami("hi") == [(r, 4, "echo", "hi") for r in range(4)]
+    assert echo4.square([1, 2, 3, 4], offset=[0, 0, 0, 100]) == [1, 4, 9, 116]
+    before = echo4.call_count()
+    assert echo4.only_rank_zero(7) == ("rank-zero", 0, 7)
+    after = echo4.call_count()
+    assert [a - b for a, b in zip(after, before)] == [1, 0, 0, 0]
+
+
+def test_dp_compute_splits_over_dp_and_gathers_in_order(echo4):
+    data = DataProto.from_dict(tensors={"x": torch.arange(8)}, non_tensors={"uid": list("abcdefgh")})
+    out = echo4.double(data, scale=10)
+    assert out.batch["x"].tolist() == [0, 10, 20, 30, 40, 50, 60, 70]
+    # chunks from dp rank 0 are collected from rank 0 (tp=0), dp rank 1 from rank 2
+    assert out.batch["rank"].tolist() == [0, 0, 0, 0, 2, 2, 2, 2]
+    seen = [chunks[-1] for chunks in echo4.seen_chunks()]
+    assert seen == [[0, 1, 2, 3], [0, 1, 2, 3], [4, 5, 6, 7], [4, 5, 6, 7]]
+
+
+def test_all_reduce_across_four_processes(echo4):
+    assert echo4.all_reduce_rank() == [10.0] * 4
+    assert len(set(echo4.pid())) == 4
+
+
+def test_non_blocking_calls_run_two_groups_at_once(ray_cluster, echo4, tmp_path):
+    """Group A waits for a file that group B writes: only possible if A's call does not block."""
+    pool = ResourcePool(procs_per_node=[2], name="other-pool")
+    other = RayWorkerGroup(pool, EchoWorker, name="other")
+    try:
+        flag = tmp_path / "flag"
+        fut = echo4.wait_for_file(str(flag), 60.0, blocking=False)
+        assert isinstance(fut, GroupFuture)
+        assert other.touch(str(flag)) is True
+        assert fut.get(timeout=60) == [True] * 4
+    finally:
+        other.shutdown()
+        pool.release()
+
+
+def test_colocated_roles_share_processes(ray_cluster):
+    pool = ResourcePool(procs_per_node=[2], name="colo-pool")
+    groups = RayWorkerGroup.colocated(
+        pool, {"actor": RoleSpec(EchoWorker, kwargs={"tag": "actor"}),
+               "ref": RoleSpec(EchoWorker, kwargs={"tag": "ref"})}, name="hybrid")
+    try:
+        actor, ref = groups["actor"], groups["ref"]
+        assert actor.pid() == ref.pid()
+        assert [t for _, _, t, _ in actor.whoami(0)] == ["actor", "actor"]
+        assert [t for _, _, t, _ in ref.whoami(0)] == ["ref", "ref"]
+        assert actor.call_count() == [1, 1] and ref.call_count() == [1, 1]
+    finally:
+        actor.shutdown()
+        pool.release()
+
+
+@pytest.fixture()
+def faulty(ray_cluster):
+    pool = ResourcePool(procs_per_node=[3], name="faulty-pool")
+    group = RayWorkerGroup(pool, FaultyWorker, name="flaky")
+    yield group
+    group.shutdown()
+    pool.release()
+
+
+def test_raising_worker_names_group_role_rank(faulty):
+    with pytest.raises(WorkerCallError) as err:
+        faulty.fail_on(1, timeout=60)
+    msg = str(err.value)
+    assert "worker group 'flaky'" in msg and "method 'fail_on'" in msg and "rank 1" in msg
+    assert "ValueError: bad input on rank 1" in msg
+    assert faulty.later(10).get(timeout=60) == [10, 11, 12]  # the group is still usable
+
+
+def test_killed_worker_surfaces_without_hang(faulty):
+    with pytest.raises(WorkerDiedError, match=r"worker group 'flaky'.*rank 2 died"):
+        faulty.die_on(2, timeout=60)
+
+
+def test_call_timeout(faulty):
+    with pytest.raises(WorkerTimeoutError, match=r"ranks \[0, 1, 2\] did not answer within 1"):
+        faulty.sleep(30, timeout=1)

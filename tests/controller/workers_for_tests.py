@@ -1,0 +1,104 @@
+"""Worker classes used by the controller tests (importable by Ray's worker processes)."""
+
+import os
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from rlframe.controller import Dispatch, Mesh, Worker, register
+
+
+class EchoWorker(Worker):
+    def __init__(self, tag="echo", mesh=None):
+        self.tag = tag
+        self.calls = 0
+        self.seen = []
+        if mesh is not None:
+            self.set_mesh(Mesh.of(**mesh))
+
+    @register(dispatch=Dispatch.ONE_TO_ALL)
+    def whoami(self, x):
+        self.calls += 1
+        return (self.rank, self.world_size, self.tag, x)
+
+    @register(dispatch=Dispatch.ALL_TO_ALL)
+    def square(self, x, *, offset=0):
+        self.calls += 1
+        return x * x + offset
+
+    @register(dispatch=Dispatch.RANK_ZERO)
+    def only_rank_zero(self, x):
+        self.calls += 1
+        return ("rank-zero", self.rank, x)
+
+    @register(dispatch=Dispatch.ONE_TO_ALL)
+    def call_count(self):
+        return self.calls
+
+    @register(dispatch=Dispatch.DP_COMPUTE)
+    def double(self, data, *, scale=2):
+        """Records the chunk it got and returns the values scaled, tagged with this rank."""
+        self.seen.append(data.batch["x"].tolist())
+        out = data.select(batch_keys=["x"])
+        out.batch["x"] = out.batch["x"] * scale
+        out.batch["rank"] = torch.full((len(data),), self.rank)
+        return out
+
+    @register(dispatch=Dispatch.ONE_TO_ALL)
+    def seen_chunks(self):
+        return self.seen
+
+    @register(dispatch=Dispatch.ONE_TO_ALL)
+    def all_reduce_rank(self):
+        t = torch.tensor([float(self.rank + 1)])
+        dist.all_reduce(t)
+        return t.item()
+
+    @register(dispatch=Dispatch.ONE_TO_ALL)
+    def pid(self):
+        return os.getpid()
+
+    @register(dispatch=Dispatch.ONE_TO_ALL)
+    def node_id(self):
+        import ray
+
+        return ray.get_runtime_context().get_node_id()
+
+    @register(dispatch=Dispatch.ONE_TO_ALL)
+    def wait_for_file(self, path, timeout_s=60.0):
+        deadline = time.monotonic() + timeout_s
+        while not Path(path).exists():
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.05)
+        return True
+
+    @register(dispatch=Dispatch.RANK_ZERO)
+    def touch(self, path):
+        Path(path).write_text("x")
+        return True
+
+
+class FaultyWorker(Worker):
+    @register(dispatch=Dispatch.ONE_TO_ALL)
+    def fail_on(self, rank):
+        if self.rank == rank:
+            raise ValueError(f"bad input on rank {self.rank}")
+        return self.rank
+
+    @register(dispatch=Dispatch.ONE_TO_ALL)
+    def die_on(self, rank):
+        if self.rank == rank:
+            os._exit(3)
+        return self.rank
+
+    @register(dispatch=Dispatch.ONE_TO_ALL)
+    def sleep(self, seconds):
+        time.sleep(seconds)
+        return self.rank
+
+    @register(dispatch=Dispatch.ONE_TO_ALL, blocking=False)
+    def later(self, x):
+        return x + self.rank
