@@ -41,3 +41,32 @@ def string_uids():
         return np.array([f"prompt-{i // n}" for i in range(B)], dtype=object)
 
     return make
+
+
+def reference_agg(per_token, mask, mode, scale=None):
+    """Aggregate {(i, t): loss} (scalars or scalar tensors) by looping over sequences.
+
+    Rows without valid tokens are not sequences; returns 0.0 when nothing is valid.
+    """
+    B, R = mask.shape
+    seqs = [[per_token[(i, t)] for t in range(R) if mask[i, t]] for i in range(B)]
+    seqs = [s for s in seqs if s]
+    if not seqs:
+        return 0.0
+    if mode == "token-mean":
+        tokens = [v for s in seqs for v in s]
+        return sum(tokens) / len(tokens)
+    if mode == "seq-mean-token-sum":
+        per_seq = [sum(s) for s in seqs]
+    elif mode == "seq-mean-token-mean":
+        per_seq = [sum(s) / len(s) for s in seqs]
+    elif mode == "seq-mean-token-sum-norm":
+        per_seq = [sum(s) / (scale if scale is not None else R) for s in seqs]
+    else:
+        raise AssertionError(mode)
+    return sum(per_seq) / len(per_seq)
+
+
+@pytest.fixture
+def ref_agg():
+    return reference_agg
