@@ -20,7 +20,7 @@ $(STAMP): setup.py
 install: $(STAMP)
 
 demo: install
-	$(PY) -m rlframe.main
+	$(PY) -m rlframe.controller.demo
 
 test: install
 	$(PY) -m pytest tests

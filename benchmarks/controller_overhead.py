@@ -1,0 +1,54 @@
+"""Cost of one no-op call on a worker group of 1, 4 and 8 processes (median of 100 calls).
+
+A call is the whole single-controller path: split the arguments by the dispatch mode, one Ray
+actor call per rank, wait for all, gather. Usage: python benchmarks/controller_overhead.py
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from report import machine_line, markdown_table, median_seconds, write_section
+
+from rlframe.controller import Dispatch, RayWorkerGroup, ResourcePool, Worker, register
+from rlframe.controller.ray_utils import init_local_ray
+from rlframe.protocol import DataProto
+
+
+class Noop(Worker):
+    @register(dispatch=Dispatch.ONE_TO_ALL)
+    def noop(self):
+        return None
+
+    @register(dispatch=Dispatch.DP_COMPUTE)
+    def echo(self, data):
+        return data
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--calls", type=int, default=100)
+    p.add_argument("--no-write", action="store_true")
+    args = p.parse_args()
+    import torch
+
+    init_local_ray()
+    batch = DataProto.from_dict(tensors={"input_ids": torch.zeros(64, 128, dtype=torch.long)})
+    rows = []
+    for n in (1, 4, 8):
+        pool = ResourcePool(procs_per_node=[n], name=f"bench{n}")
+        group = RayWorkerGroup(pool, Noop, name=f"noop{n}", timeout=300)
+        noop = median_seconds(group.noop, args.calls, warmup=5)
+        echo = median_seconds(lambda: group.echo(batch), args.calls, warmup=5)
+        rows.append([n, f"{noop * 1e3:.2f}", f"{echo * 1e3:.2f}"])
+        group.shutdown()
+        pool.release()
+    md = markdown_table(["workers", "no-op call, median ms", "DP_COMPUTE echo of 64x128 ids, median ms"], rows)
+    print(md)
+    if not args.no_write:
+        write_section("## Controller call overhead", f"Reproduce: `python benchmarks/controller_overhead.py`\n"
+                      f"{machine_line()} Median of {args.calls} calls after 5 warm-up calls.\n\n{md}")
+
+
+if __name__ == "__main__":
+    main()
