@@ -23,7 +23,8 @@ Conventions of this implementation:
   `meta_info` dict is copied shallowly. Only `pop` and `reorder` change `self`, in place.
 - Pickling carries tensors out-of-band (pickle protocol 5), so `ray.put`/`ray.get` and actor calls
   move the payload through Ray's object store without per-element pickling; see
-  `rlframe.protocol_serialize`. Tensors arrive on the CPU.
+  `rlframe.protocol_serialize`. Tensors arrive on the CPU, as private copies of the object-store
+  bytes unless received inside `receive_zero_copy()`.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ import torch
 from tensordict import TensorDict
 
 from rlframe import protocol_serialize as wire
+from rlframe.protocol_serialize import receive_zero_copy
 from rlframe.protocol_checks import (
     check_index,
     check_keys_exist,
@@ -45,7 +47,7 @@ from rlframe.protocol_checks import (
     values_equal,
 )
 
-__all__ = ["DataProto"]
+__all__ = ["DataProto", "receive_zero_copy"]
 
 
 @dataclass(eq=False, repr=False)

@@ -16,17 +16,44 @@ once: torch tensors cannot be read-only, and the object store shares that memory
 of the same object on the node (e.g. the tp/pp peers that receive the same DP_COMPUTE chunk), so an
 in-place op on an aliasing tensor would silently change another worker's input. Tensors always
 arrive on the CPU; the receiver moves them with `DataProto.to(device)`.
+
+That copy is wasted when the receiver copies anyway, e.g. a driver that gathers worker outputs
+and immediately `DataProto.concat`s them. Inside `with receive_zero_copy():` read-only buffers are
+aliased instead; the caller promises not to write to those tensors and to drop them (concat, `.to`
+another device, or `.clone()`) before anything else could.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import contextlib
+import threading
+import warnings
+from typing import Any, Iterator
 
 import numpy as np
 import torch
 
 # Bumped when the state layout changes, so an old pickle fails with a clear message.
 STATE_VERSION = 1
+
+
+_local = threading.local()
+
+
+@contextlib.contextmanager
+def receive_zero_copy() -> Iterator[None]:
+    """Alias (do not copy) read-only buffers while unpickling DataProtos in this thread.
+
+    Example (a gather that copies anyway):
+        >>> with receive_zero_copy():
+        ...     merged = DataProto.concat(ray.get(refs))
+    """
+    previous = getattr(_local, "alias", False)
+    _local.alias = True
+    try:
+        yield
+    finally:
+        _local.alias = previous
 
 
 def tensor_to_wire(t: torch.Tensor) -> tuple[np.ndarray, torch.dtype, tuple[int, ...]]:
@@ -52,9 +79,14 @@ def tensor_from_wire(data: np.ndarray, dtype: torch.dtype, shape: tuple[int, ...
     """Inverse of `tensor_to_wire`: zero-copy for writable buffers, one copy for read-only ones."""
     if data.size == 0:
         return torch.empty(shape, dtype=dtype)
-    if not data.flags.writeable:
-        data = data.copy()  # see the module docstring: never alias shared object-store memory
-    return torch.from_numpy(data).view(dtype).reshape(shape)
+    if data.flags.writeable:
+        return torch.from_numpy(data).view(dtype).reshape(shape)
+    if not getattr(_local, "alias", False):
+        # See the module docstring: never alias shared object-store memory by default.
+        return torch.from_numpy(data.copy()).view(dtype).reshape(shape)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+        return torch.from_numpy(data).view(dtype).reshape(shape)
 
 
 def batch_to_state(batch) -> dict[str, Any] | None:

@@ -8,7 +8,7 @@ import pytest
 import torch
 from tensordict import TensorDict
 
-from rlframe.protocol import DataProto
+from rlframe.protocol import DataProto, receive_zero_copy
 
 B = 6
 
@@ -328,32 +328,32 @@ def test_pickle_protocol5_is_out_of_band_and_exact():
 
 
 
-def test_ray_put_get_and_actor_roundtrip_exact():
-    ray = pytest.importorskip("ray")
-    started = not ray.is_initialized()
-    if started:
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    try:
-        dp = all_dtypes()
-        got = ray.get(ray.put(dp))
-        assert got.equals(dp)
-        # Tensors built from Ray's read-only shared buffers must be private copies: writing one
-        # must not change what a second reader of the same object sees.
-        ref = ray.put(dp)
-        first, second = ray.get(ref), ray.get(ref)
-        first["i64"].add_(100)
-        assert torch.equal(second["i64"], dp["i64"])
+def test_ray_put_get_and_actor_roundtrip_exact(ray_cluster):
+    ray = ray_cluster  # the suite's shared local Ray (tests/conftest.py): started once per session
+    dp = all_dtypes()
+    got = ray.get(ray.put(dp))
+    assert got.equals(dp)
+    # Tensors built from Ray's read-only shared buffers must be private copies: writing one
+    # must not change what a second reader of the same object sees.
+    ref = ray.put(dp)
+    first, second = ray.get(ref), ray.get(ref)
+    first["i64"].add_(100)
+    assert torch.equal(second["i64"], dp["i64"])
+    assert first["f32"].data_ptr() != second["f32"].data_ptr()
+    # Opt-in aliasing: both reads see the same shared-memory bytes, and concat copies them out.
+    with receive_zero_copy():
+        a, b = ray.get(ref), ray.get(ref)
+        merged = DataProto.concat([a, b])
+    assert a.equals(dp) and a["f32"].data_ptr() == b["f32"].data_ptr()
+    assert merged.equals(DataProto.concat([dp, dp]))
 
-        @ray.remote(num_cpus=0)
-        class Echo:
-            def scale(self, batch):
-                torch.set_num_threads(1)
-                batch = batch.union(DataProto.from_dict(tensors={"twice": batch["f32"] * 2}))
-                return batch
+    @ray.remote(num_cpus=0)
+    class Echo:
+        def scale(self, batch):
+            torch.set_num_threads(1)
+            batch = batch.union(DataProto.from_dict(tensors={"twice": batch["f32"] * 2}))
+            return batch
 
-        back = ray.get(Echo.remote().scale.remote(dp))
-        assert back.select(batch_keys=dp.batch_keys).equals(dp)
-        assert torch.equal(back["twice"], dp["f32"] * 2)
-    finally:
-        if started:
-            ray.shutdown()
+    back = ray.get(Echo.remote().scale.remote(dp))
+    assert back.select(batch_keys=dp.batch_keys).equals(dp)
+    assert torch.equal(back["twice"], dp["f32"] * 2)
