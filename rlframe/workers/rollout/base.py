@@ -1,0 +1,91 @@
+"""The rollout engine interface every backend implements (vLLM, transformers).
+
+    engine.generate(prompts, sampling) -> DataProto   # contract keys, see rollout/batch.py
+    with engine.weight_update() as consume:          # push style, for the resharding executor
+        execute_plan(plan, local=shards, consumer=consume)
+    engine.update_weights(state_dict_or_buckets)      # pull style: a full HF state dict, an iterator
+                                                      #   of (name, tensor), or of buckets of pieces
+    engine.sleep(); ...train...; engine.wake()        # hand memory to the training engine and back
+"""
+
+from __future__ import annotations
+
+import itertools
+from abc import ABC, abstractmethod
+from contextlib import contextmanager
+from typing import Any, Callable, Iterable, Iterator, Mapping
+
+import torch
+
+from rlframe.workers.rollout.config import SamplingConfig
+from rlframe.workers.rollout.weight_sync import Piece, WeightSyncStats, full_state_dict_pieces
+
+Consumer = Callable[[list[Piece]], None]
+
+
+def as_buckets(weights: Any) -> Iterator[list[Piece]]:
+    """Normalise the accepted weight sources to an iterator of buckets `[(name, Box, tensor)]`.
+
+    Accepts a `{name: tensor}` mapping, an iterable of `(name, tensor)` pairs, or an iterable of
+    buckets (lists of `(name, Box, tensor)`), as the resharding executor produces.
+    """
+    if isinstance(weights, Mapping):
+        yield from full_state_dict_pieces(weights)
+        return
+    it = iter(weights)
+    first = next(it, None)
+    if first is None:
+        return
+    it = itertools.chain([first], it)
+    if isinstance(first, tuple) and len(first) == 2 and isinstance(first[1], torch.Tensor):
+        yield from full_state_dict_pieces(it)
+    elif isinstance(first, list):
+        yield from it
+    else:
+        raise ValueError(
+            f"update_weights got an iterable of {type(first).__name__}; pass a {{name: tensor}} dict, "
+            "(name, tensor) pairs, or buckets [(name, Box, tensor), ...]"
+        )
+
+
+class RolloutEngine(ABC):
+    """A generation backend living inside a worker process."""
+
+    backend: str = ""
+
+    @abstractmethod
+    def generate(self, prompts: Any, sampling: SamplingConfig) -> Any:
+        """Sample `sampling.n` responses per prompt.
+
+        prompts: DataProto or dict with left-padded `input_ids` and `attention_mask` (B, P).
+        Returns a DataProto with prompts (B*n, P), responses/response_mask/rollout_log_probs
+        (B*n, R=max_new_tokens), input_ids/attention_mask/position_ids (B*n, P+R); the n samples
+        of a prompt are adjacent.
+        """
+
+    @abstractmethod
+    @contextmanager
+    def weight_update(self) -> Iterator[Consumer]:
+        """Context yielding a consumer `consume(pieces)` called once per bucket; on exit every
+        parameter must have been received completely, and the new weights are live."""
+
+    @property
+    @abstractmethod
+    def last_sync_stats(self) -> WeightSyncStats:
+        """Measurements of the most recent weight update."""
+
+    def update_weights(self, weights: Mapping[str, torch.Tensor] | Iterable) -> WeightSyncStats:
+        """Load new weights from a state dict, (name, tensor) pairs or buckets of pieces."""
+        with self.weight_update() as consume:
+            for bucket in as_buckets(weights):
+                consume(bucket)
+        return self.last_sync_stats
+
+    def sleep(self) -> None:
+        """Release generation memory (KV cache) while training runs; default: nothing to free."""
+
+    def wake(self) -> None:
+        """Re-acquire what `sleep` released before the next `generate`."""
+
+    def shutdown(self) -> None:
+        """Free the engine for good."""

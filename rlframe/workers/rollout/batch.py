@@ -1,0 +1,90 @@
+"""Batch plumbing shared by the rollout backends: unpad prompts in, assemble the contract batch out.
+
+In:  `input_ids` (B, P) left-padded, `attention_mask` (B, P).
+Out (docs/contracts.md), with the n samples of a prompt adjacent (row b*n + j is sample j of prompt b):
+  prompts (B*n, P), responses (B*n, R) right-padded with the pad id, response_mask (B*n, R),
+  input_ids = cat(prompts, responses) (B*n, P+R), attention_mask (B*n, P+R),
+  position_ids = clamp(cumsum(attention_mask) - 1, min=0) (B*n, P+R), rollout_log_probs (B*n, R).
+R is `max_new_tokens`, so every rank and every step produces the same shapes.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, Sequence
+
+import torch
+
+PROMPT_KEYS = ("input_ids", "attention_mask")
+
+
+def read_prompts(prompts: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """(input_ids, attention_mask) of a DataProto or a mapping of tensors, validated: (B, P) each."""
+    batch = prompts.batch if hasattr(prompts, "batch") else prompts
+    if not isinstance(batch, Mapping) and not hasattr(batch, "keys"):
+        raise ValueError(f"prompts must be a DataProto or a dict of tensors, got {type(prompts).__name__}")
+    missing = [k for k in PROMPT_KEYS if k not in batch.keys()]
+    if missing:
+        raise ValueError(f"prompt batch lacks {missing}: rollout needs left-padded input_ids and attention_mask (B, P)")
+    ids, mask = batch["input_ids"], batch["attention_mask"]
+    if ids.dim() != 2 or ids.shape != mask.shape:
+        raise ValueError(
+            f"input_ids {tuple(ids.shape)} and attention_mask {tuple(mask.shape)} must both be (B, P)"
+        )
+    if ids.shape[1] and bool((mask[:, -1] == 0).any()):
+        raise ValueError(
+            "prompts must be left-padded (attention_mask 1 on the last column of every row); "
+            "tokenize with padding_side='left'"
+        )
+    return ids.long().cpu(), mask.long().cpu()
+
+
+def unpad_prompts(ids: torch.Tensor, mask: torch.Tensor) -> list[list[int]]:
+    """The real tokens of each left-padded prompt row, as lists of ids."""
+    return [row[m.bool()].tolist() for row, m in zip(ids, mask)]
+
+
+def assemble_batch(
+    *,
+    prompt_ids: torch.Tensor,
+    prompt_mask: torch.Tensor,
+    responses: Sequence[Sequence[int]],
+    log_probs: Sequence[Sequence[float]],
+    n: int,
+    response_length: int,
+    pad_token_id: int,
+) -> dict[str, torch.Tensor]:
+    """Build the contract batch from per-sample response ids and log-probs (B*n lists, prompt-major).
+
+    prompt_ids, prompt_mask: (B, P); responses[b*n + j], log_probs[b*n + j]: sample j of prompt b.
+    """
+    bsz, plen = prompt_ids.shape
+    assert len(responses) == len(log_probs) == bsz * n, (len(responses), len(log_probs), bsz, n)
+    resp = torch.full((bsz * n, response_length), pad_token_id, dtype=torch.long)
+    resp_mask = torch.zeros((bsz * n, response_length), dtype=torch.long)
+    lp = torch.zeros((bsz * n, response_length), dtype=torch.float32)
+    for i, (toks, lps) in enumerate(zip(responses, log_probs)):
+        k = len(toks)
+        assert k <= response_length and len(lps) == k, (k, len(lps), response_length)
+        if k:
+            resp[i, :k] = torch.as_tensor(list(toks), dtype=torch.long)
+            lp[i, :k] = torch.as_tensor(list(lps), dtype=torch.float32)
+            resp_mask[i, :k] = 1
+    prompts = prompt_ids.repeat_interleave(n, dim=0)
+    pmask = prompt_mask.repeat_interleave(n, dim=0)
+    attention_mask = torch.cat([pmask, resp_mask], dim=1)
+    return {
+        "prompts": prompts,
+        "responses": resp,
+        "response_mask": resp_mask,
+        "input_ids": torch.cat([prompts, resp], dim=1),
+        "attention_mask": attention_mask,
+        "position_ids": torch.clamp(attention_mask.cumsum(dim=1) - 1, min=0),
+        "rollout_log_probs": lp,
+    }
+
+
+def to_data_proto(tensors: dict[str, torch.Tensor], *, meta_info: dict) -> Any:
+    """Wrap the batch as a `DataProto` (rlframe.protocol) for the worker groups."""
+    from rlframe.protocol import DataProto
+
+    return DataProto.from_dict(tensors=tensors, meta_info=meta_info)

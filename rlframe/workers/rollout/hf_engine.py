@@ -1,0 +1,136 @@
+"""transformers `generate` rollout engine: the fallback where vLLM is not installed.
+
+Same interface and output as the vLLM engine (rollout/base.py). Each rank runs its own full copy
+of the model (no tensor parallelism), so `tensor_parallel_size` must be 1.
+
+Log-probs follow the vLLM engine's `logprobs_mode`: "processed" takes log_softmax of the scores
+`generate` sampled from (logits / temperature with top-k/top-p applied; raw logits when greedy),
+"raw" takes log_softmax of the unprocessed logits. A sample ends after EOS, a stop token id or the
+token that completes a stop string (that token included), like vLLM; tokens `generate` appends
+after a sample finished are cut off by the response mask.
+"""
+
+from __future__ import annotations
+
+import time
+from contextlib import contextmanager, nullcontext
+from typing import Any, Iterator
+
+import torch
+
+from rlframe.workers.rollout.base import Consumer, RolloutEngine
+from rlframe.workers.rollout.batch import assemble_batch, read_prompts, to_data_proto
+from rlframe.workers.rollout.config import RolloutConfig, SamplingConfig
+from rlframe.workers.rollout.weight_sync import ShardAssembler, WeightSyncStats, timed
+
+_DTYPES = {"float32": torch.float32, "float": torch.float32, "bfloat16": torch.bfloat16,
+           "float16": torch.float16, "half": torch.float16}
+
+
+class HFRolloutEngine(RolloutEngine):
+    """Rollout with `model.generate`; `model` may be passed in to share weights with a trainer."""
+
+    backend = "hf"
+
+    def __init__(self, model_path: str, *, config: RolloutConfig, model: torch.nn.Module | None = None):
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        if config.tensor_parallel_size != 1:
+            raise ValueError(
+                f"rollout.backend=hf runs a full model copy per rank: tensor_parallel_size must be 1, "
+                f"got {config.tensor_parallel_size}; install vLLM for tensor-parallel generation"
+            )
+        self.config = config
+        self.tokenizer = AutoTokenizer.from_pretrained(str(model_path))
+        self.model = model if model is not None else AutoModelForCausalLM.from_pretrained(
+            str(model_path), dtype=_DTYPES.get(config.dtype, torch.float32))
+        self.model.eval()
+        self.pad_token_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+        self.eos_token_id = self.model.generation_config.eos_token_id
+        if self.eos_token_id is None:
+            self.eos_token_id = self.tokenizer.eos_token_id
+        self._last_stats = WeightSyncStats()
+
+    # ------------------------------------------------------------------ generation
+    def _stop_ids(self, sampling: SamplingConfig) -> list[int]:
+        eos = [] if sampling.ignore_eos or self.eos_token_id is None else (
+            list(self.eos_token_id) if isinstance(self.eos_token_id, (list, tuple)) else [self.eos_token_id])
+        return eos + list(sampling.stop_token_ids)
+
+    def _response_length(self, toks: list[int], stop_ids: set[int], stop: tuple[str, ...]) -> int:
+        """Tokens up to and including the first stop id / the token completing a stop string."""
+        for k, t in enumerate(toks):
+            if t in stop_ids:
+                return k + 1
+            if stop:
+                text = self.tokenizer.decode(toks[: k + 1])
+                if any(s in text for s in stop):
+                    return k + 1
+        return len(toks)
+
+    @torch.no_grad()
+    def generate(self, prompts: Any, sampling: SamplingConfig) -> Any:
+        """See `RolloutEngine.generate`. Sampling uses torch's RNG (forked, seeded when `seed` is set)."""
+        ids, mask = read_prompts(prompts)
+        device = next(self.model.parameters()).device
+        stop_ids = self._stop_ids(sampling)
+        kwargs = dict(
+            max_new_tokens=sampling.max_new_tokens, num_return_sequences=sampling.n,
+            do_sample=not sampling.greedy, pad_token_id=self.pad_token_id, eos_token_id=stop_ids or None,
+            return_dict_in_generate=True, output_scores=self.config.logprobs_mode == "processed",
+            output_logits=self.config.logprobs_mode == "raw",
+        )
+        if not sampling.greedy:
+            kwargs.update(temperature=sampling.temperature, top_p=sampling.top_p,
+                          top_k=None if sampling.top_k == -1 else sampling.top_k)
+        else:
+            kwargs.update(temperature=None, top_p=None, top_k=None)
+        if sampling.stop:
+            kwargs.update(stop_strings=list(sampling.stop), tokenizer=self.tokenizer)
+        rng = torch.random.fork_rng(devices=[]) if sampling.seed is not None else nullcontext()
+        t0 = time.perf_counter()
+        with rng:
+            if sampling.seed is not None:
+                torch.manual_seed(sampling.seed)
+            out = self.model.generate(input_ids=ids.to(device), attention_mask=mask.to(device), **kwargs)
+        gen_s = time.perf_counter() - t0
+        gen = out.sequences[:, ids.shape[1]:].cpu()
+        scores = out.scores if self.config.logprobs_mode == "processed" else out.logits
+        # (B*n, T, V) -> log-prob of each generated token under the distribution it came from.
+        lp = torch.stack([torch.log_softmax(s.float(), dim=-1) for s in scores], dim=1).cpu()
+        lp = lp.gather(-1, gen.unsqueeze(-1)).squeeze(-1)
+        responses, log_probs = [], []
+        stop_set = set(stop_ids)
+        for row, row_lp in zip(gen.tolist(), lp.tolist()):
+            k = self._response_length(row, stop_set, sampling.stop)
+            responses.append(row[:k])
+            log_probs.append(row_lp[:k])
+        tensors = assemble_batch(prompt_ids=ids, prompt_mask=mask, responses=responses, log_probs=log_probs,
+                                 n=sampling.n, response_length=sampling.max_new_tokens,
+                                 pad_token_id=self.pad_token_id)
+        return to_data_proto(tensors, meta_info={"rollout_backend": self.backend, "gen_time_s": gen_s,
+                                                 "gen_tokens": int(tensors["response_mask"].sum())})
+
+    # ------------------------------------------------------------------ weights
+    @property
+    def last_sync_stats(self) -> WeightSyncStats:
+        return self._last_stats
+
+    @contextmanager
+    def weight_update(self) -> Iterator[Consumer]:
+        """Pieces are copied straight into the parameters (full boxes: there is no TP here)."""
+        from rlframe.resharding.box import Box
+
+        params = dict(self.model.named_parameters())
+        assembler = ShardAssembler(needed={n: Box.full(p.shape) for n, p in params.items()},
+                                   full_shapes={n: tuple(p.shape) for n, p in params.items()},
+                                   full_shape_buffers=False)
+        self._last_stats = assembler.stats
+
+        def consume(pieces):
+            with timed(assembler.stats), torch.no_grad():
+                for name, _, t in assembler.add(pieces):
+                    params[name].data.copy_(t)
+
+        yield consume
+        assembler.check_complete()

@@ -1,0 +1,269 @@
+"""vLLM rollout engine living inside the worker process (no server, no extra process).
+
+Build: `VLLMRolloutEngine(model_path, config=RolloutConfig(...))` on every rank of the generation
+group. TP > 1 (or several data-parallel engines in one process group) uses vLLM's
+`external_launcher` executor: vLLM joins the already initialised torch.distributed group
+(RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT, gloo on CPU), every rank runs its own scheduler on the
+same prompts and the ranks stay in lockstep because scheduling is deterministic. That needs
+`VLLM_ENABLE_V1_MULTIPROCESSING=0` (the engine core in this process), which is set here.
+
+Weight sync (`weight_update()` / `update_weights()`), two paths:
+- checkpoint format (CPU, and the default): HF names, and per parameter a tensor of the full HF
+  shape with this rank's box written (`weight_sync.ShardAssembler`). vLLM's CPU backend repacks
+  linear weights after loading (parameters show shape (0,)), so `model.load_weights` alone cannot
+  be used; we drive vLLM's layer-wise reload (`vllm/model_executor/model_loader/reload/`, the code
+  behind `model_runner.reload_weights(weights_iterator=..., is_checkpoint_format=True)`) one bucket
+  at a time: restore layers to checkpoint format, feed each completed parameter to
+  `model.load_weights`, and vLLM re-processes (repacks) a layer as soon as all of its weights
+  arrived, so at most about one layer is held unprocessed.
+- kernel format (GPU, `is_checkpoint_format=False`): the rank's shards are fused into vLLM's
+  per-rank tensors (`qkv_proj`, `gate_up_proj`, padded vocab) and copied in place into the
+  parameters CUDA graphs already point at (`kernel_format.py`). Not testable on CPU.
+After either path the prefix cache is reset (its KV entries were computed with the old weights).
+
+Memory around training: `sleep()` discards the KV cache and offloads weights (vLLM sleep mode,
+level 1) and `wake()` re-creates them, on backends with sleep mode (CUDA/ROCm/XPU). The CPU backend
+has no sleep mode: `sleep()` is then a no-op and memory stays bounded by `kv_cache_bytes`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from contextlib import contextmanager
+from typing import Any, Iterator
+
+import torch
+
+from rlframe.workers.rollout.base import Consumer, RolloutEngine
+from rlframe.workers.rollout.batch import assemble_batch, read_prompts, to_data_proto, unpad_prompts
+from rlframe.workers.rollout.config import RolloutConfig, SamplingConfig
+from rlframe.workers.rollout.weight_sync import ShardAssembler, WeightSyncStats, timed, vllm_needed_boxes
+
+logger = logging.getLogger(__name__)
+
+_LOGPROBS_MODE = {"processed": "processed_logprobs", "raw": "raw_logprobs"}
+
+
+def _model_runner(worker):
+    """Runs on vLLM's worker (in this process): hand back its model runner."""
+    return worker.model_runner
+
+
+def hf_param_shapes(model_path: str) -> tuple[dict[str, tuple[int, ...]], Any]:
+    """{HF parameter name: global shape} of the checkpoint at `model_path` (meta device, no memory)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    cfg = AutoConfig.from_pretrained(model_path)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(cfg)
+    return {n: tuple(p.shape) for n, p in model.named_parameters()}, cfg
+
+
+def _distributed_kwargs(tp: int) -> dict:
+    """Executor settings for the calling process group (external_launcher when it has > 1 rank)."""
+    import torch.distributed as dist
+
+    world = dist.get_world_size() if dist.is_initialized() else 1
+    if tp > 1 and world == 1:
+        raise ValueError(
+            f"rollout.tensor_parallel_size={tp} needs {tp} processes in an initialised torch.distributed group "
+            "(every rank of the generation group builds one engine); init the group first or use tp=1"
+        )
+    if world == 1:
+        return {}
+    if world % tp:
+        raise ValueError(f"world_size({world}) % rollout.tensor_parallel_size({tp}) != 0: ranks cannot form TP groups")
+    for key in ("RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        if key not in os.environ:
+            raise ValueError(f"vLLM's external_launcher reads {key} from the environment; set it for every rank")
+    kw = {"distributed_executor_backend": "external_launcher", "tensor_parallel_size": tp}
+    if world // tp > 1:
+        # Several engines in one group: vLLM treats them as data-parallel replicas (untested on CPU).
+        kw["data_parallel_size"] = world // tp
+    return kw
+
+
+class VLLMRolloutEngine(RolloutEngine):
+    """In-process vLLM engine; see the module docstring for the dataflow."""
+
+    backend = "vllm"
+
+    def __init__(self, model_path: str, *, config: RolloutConfig, cpu_threads_bind: str = "nobind"):
+        """cpu_threads_bind: VLLM_CPU_OMP_THREADS_BIND for the CPU backend. "nobind" keeps the
+        process's own torch threads (the engine shares the process with training); "auto" lets vLLM
+        pin one core per rank and reserve the others."""
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+        os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", cpu_threads_bind)
+        from vllm import LLM
+        from vllm.distributed import get_tensor_model_parallel_rank
+        from vllm.platforms import current_platform
+
+        self.config = config
+        self.model_path = str(model_path)
+        self.tp = config.tensor_parallel_size
+        self.is_cpu = current_platform.is_cpu()
+        self.sleep_supported = current_platform.is_sleep_mode_available()
+        kwargs = dict(
+            model=self.model_path, dtype=config.dtype, max_model_len=config.max_model_len,
+            max_num_seqs=config.max_num_seqs, enforce_eager=config.enforce_eager, seed=config.seed,
+            gpu_memory_utilization=config.gpu_memory_utilization, kv_cache_memory_bytes=config.kv_cache_bytes,
+            enable_prefix_caching=config.enable_prefix_caching, logprobs_mode=_LOGPROBS_MODE[config.logprobs_mode],
+            load_format=config.load_format, enable_sleep_mode=self.sleep_supported, disable_log_stats=True,
+        )
+        if config.max_num_batched_tokens is not None:
+            kwargs["max_num_batched_tokens"] = config.max_num_batched_tokens
+        if config.block_size is not None:
+            kwargs["block_size"] = config.block_size
+        kwargs.update(_distributed_kwargs(self.tp))
+        kwargs.update(config.vllm_kwargs)
+        # vLLM's CPU worker replaces torch.set_num_threads process-wide; the training engine in this
+        # process must keep control of its threads, so the original is put back.
+        set_num_threads = torch.set_num_threads
+        try:
+            self.llm = LLM(**kwargs)
+        finally:
+            torch.set_num_threads = set_num_threads
+        self.tokenizer = self.llm.get_tokenizer()
+        self.pad_token_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+        self._runner = self.llm.collective_rpc(_model_runner)[0]
+        self._shapes, hf_cfg = hf_param_shapes(self.model_path)
+        self._tp_rank = get_tensor_model_parallel_rank() if self.tp > 1 else 0
+        head_dim = getattr(hf_cfg, "head_dim", None) or hf_cfg.hidden_size // hf_cfg.num_attention_heads
+        self._needed = vllm_needed_boxes(self._shapes, tp_rank=self._tp_rank, tp_size=self.tp,
+                                         num_kv_heads=hf_cfg.num_key_value_heads, head_dim=head_dim)
+        self._last_stats = WeightSyncStats()
+        self._asleep = False
+
+    # ------------------------------------------------------------------ generation
+    def _sampling_params(self, sampling: SamplingConfig, seed: int | None):
+        from vllm import SamplingParams
+
+        return SamplingParams(
+            n=sampling.n, temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k,
+            max_tokens=sampling.max_new_tokens, stop=list(sampling.stop) or None,
+            stop_token_ids=list(sampling.stop_token_ids) or None, ignore_eos=sampling.ignore_eos,
+            seed=seed, logprobs=0, detokenize=bool(sampling.stop),
+        )
+
+    def generate(self, prompts: Any, sampling: SamplingConfig) -> Any:
+        """See `RolloutEngine.generate`. With a seed, prompt b uses seed + b*n (its samples + j)."""
+        from vllm.inputs import TokensPrompt
+
+        if self._asleep:
+            raise RuntimeError("generate() called while the rollout engine sleeps; call wake() first")
+        ids, mask = read_prompts(prompts)
+        token_lists = unpad_prompts(ids, mask)
+        if sampling.seed is None:
+            params = self._sampling_params(sampling, None)
+        else:
+            params = [self._sampling_params(sampling, sampling.seed + b * sampling.n) for b in range(len(token_lists))]
+        t0 = time.perf_counter()
+        outputs = self.llm.generate([TokensPrompt(prompt_token_ids=t) for t in token_lists],
+                                    sampling_params=params, use_tqdm=False)
+        gen_s = time.perf_counter() - t0
+        responses, log_probs = [], []
+        for out in outputs:
+            for comp in sorted(out.outputs, key=lambda c: c.index):
+                toks = list(comp.token_ids)
+                responses.append(toks)
+                log_probs.append([comp.logprobs[k][t].logprob for k, t in enumerate(toks)])
+        tensors = assemble_batch(prompt_ids=ids, prompt_mask=mask, responses=responses, log_probs=log_probs,
+                                 n=sampling.n, response_length=sampling.max_new_tokens,
+                                 pad_token_id=self.pad_token_id)
+        n_tok = int(tensors["response_mask"].sum())
+        return to_data_proto(tensors, meta_info={"rollout_backend": self.backend, "gen_time_s": gen_s,
+                                                 "gen_tokens": n_tok})
+
+    # ------------------------------------------------------------------ weights
+    @property
+    def last_sync_stats(self) -> WeightSyncStats:
+        return self._last_stats
+
+    @contextmanager
+    def weight_update(self, *, kernel_format: bool | None = None, outside_fill: float | None = None
+                      ) -> Iterator[Consumer]:
+        """Yield `consume(pieces)`; see the module docstring for the two paths.
+
+        kernel_format: None picks the GPU in-place path off CPU and the checkpoint path on CPU.
+        outside_fill: value for the part of full-shape buffers outside this rank's box (None: left
+            uninitialised, no memory touched; tests pass NaN to prove vLLM never reads it).
+        """
+        kernel = (not self.is_cpu) if kernel_format is None else kernel_format
+        if kernel and self.is_cpu:
+            raise ValueError("kernel-format (in-place) weight sync needs a GPU backend: vLLM's CPU backend "
+                             "repacks weights; use kernel_format=False there")
+        assembler = ShardAssembler(needed=self._needed, full_shapes=self._shapes, full_shape_buffers=not kernel,
+                                   fill=outside_fill)
+        self._last_stats = assembler.stats
+        if kernel:
+            with self._kernel_format_update(assembler) as consume:
+                yield consume
+        else:
+            with self._checkpoint_format_update(assembler) as consume:
+                yield consume
+        self.llm.reset_prefix_cache()
+
+    @contextmanager
+    def _checkpoint_format_update(self, assembler: ShardAssembler) -> Iterator[Consumer]:
+        from vllm.model_executor.model_loader.reload.layerwise import (
+            finalize_layerwise_reload,
+            initialize_layerwise_reload,
+        )
+
+        model = self._runner.get_model()
+        stats = assembler.stats
+
+        def consume(pieces):
+            with timed(stats), torch.no_grad():
+                done = assembler.add(pieces)
+                if done:
+                    model.load_weights((name, t) for name, _, t in done)
+
+        with timed(stats), torch.no_grad():
+            initialize_layerwise_reload(model)
+        try:
+            yield consume
+        finally:
+            with timed(stats), torch.no_grad():
+                finalize_layerwise_reload(model, self._runner.vllm_config.model_config)
+        assembler.check_complete()
+
+    @contextmanager
+    def _kernel_format_update(self, assembler: ShardAssembler) -> Iterator[Consumer]:
+        from rlframe.workers.rollout.kernel_format import KernelFormatFuser, copy_into_kernel_params
+
+        model = self._runner.get_model()
+        fuser = KernelFormatFuser()
+        stats = assembler.stats
+
+        def consume(pieces):
+            with timed(stats), torch.no_grad():
+                for name, _, t in assembler.add(pieces):
+                    copy_into_kernel_params(model, fuser.add(name, t))
+
+        yield consume
+        assembler.check_complete()
+        fuser.check_complete()
+
+    # ------------------------------------------------------------------ memory
+    def sleep(self) -> None:
+        """Free the KV cache (and offload weights) for training; a no-op on CPU (no sleep mode)."""
+        if not self.sleep_supported:
+            logger.info("vLLM's %s backend has no sleep mode: the KV cache (%s bytes) stays allocated",
+                        "CPU" if self.is_cpu else "current", self.config.kv_cache_bytes)
+            return
+        self.llm.sleep(level=1)
+        self._asleep = True
+
+    def wake(self) -> None:
+        if self._asleep:
+            self.llm.wake_up()
+            self._asleep = False
+
+    def shutdown(self) -> None:
+        llm = getattr(self, "llm", None)
+        if llm is not None:
+            del self.llm
+            self._runner = None
