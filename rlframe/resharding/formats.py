@@ -201,6 +201,8 @@ def hf_to_vllm(hf: dict[str, torch.Tensor], *, dims: ModelDims, tp: int) -> dict
 def vllm_to_hf(vl: dict[str, torch.Tensor], *, dims: ModelDims, tp: int) -> dict[str, torch.Tensor]:
     """Inverse of `hf_to_vllm` for one TP rank."""
     dims.check_tp(tp)
+    if dims.intermediate_size % tp:
+        raise ValueError(f"intermediate_size({dims.intermediate_size}) % tp({tp}) != 0: gate_up_proj cannot be split evenly")
     hd = dims.head_dim
     sizes = {"self_attn.qkv_proj": [dims.num_heads // tp * hd] + [dims.num_kv_heads // tp * hd] * 2,
              "mlp.gate_up_proj": [dims.intermediate_size // tp] * 2}
