@@ -124,5 +124,5 @@ def lite_ppo(*, token_level_rewards, response_mask, index=None, values=None, bas
     """
     scores, groups = _scores_and_groups("lite_ppo", token_level_rewards, response_mask, index)
     centered = scores - group_mean(scores, groups)[groups.inverse]
-    batch_std = scores.std() if scores.numel() > 1 else torch.zeros((), dtype=scores.dtype)
+    batch_std = scores.std() if scores.numel() > 1 else scores.new_zeros(())
     return _broadcast(centered / (batch_std + epsilon), response_mask)

@@ -40,8 +40,7 @@ class Groups:
             raise ValueError(
                 f"{algorithm}: group {self.ids[g]!r} has {int(self.counts[g])} sample(s) but needs at "
                 f"least {min_size} ({why}); {small.numel()} of {self.num_groups} groups are that small. "
-                f"Sample n >= {min_size} responses per prompt (rollout n) or pick an estimator defined "
-                f"for single samples."
+                f"Sample n >= {min_size} responses per prompt (the rollout's n)."
             )
 
 

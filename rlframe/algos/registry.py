@@ -32,10 +32,13 @@ class Registry:
         kind: what the functions are, for error messages ("advantage estimator").
         required_params: keyword arguments every registered function must accept (or take **kwargs).
         builtin_modules: modules that register the built-in functions; imported before any lookup.
+        decorator_name: the public decorator users register with, named in error messages.
     """
 
-    def __init__(self, kind: str, *, required_params: tuple[str, ...] = (), builtin_modules: tuple[str, ...] = ()):
+    def __init__(self, kind: str, *, required_params: tuple[str, ...] = (), builtin_modules: tuple[str, ...] = (),
+                 decorator_name: str = "Registry.register"):
         self.kind = kind
+        self.decorator_name = decorator_name
         self.required_params = required_params
         self._builtin_modules = builtin_modules
         self._table: dict[str, Callable] = {}
@@ -94,8 +97,8 @@ class Registry:
             return self._table[name]
         except KeyError:
             raise ValueError(
-                f"unknown {self.kind} {name!r}; known: {self.names()}. Register new ones with "
-                f"rlframe.algos.registry ({self.kind} decorator)."
+                f"unknown {self.kind} {name!r}; known: {self.names()}. Check the spelling, or add one "
+                f"with @rlframe.algos.{self.decorator_name}({name!r}) before it is looked up."
             ) from None
 
     def names(self) -> list[str]:
@@ -120,24 +123,29 @@ ADVANTAGE_ESTIMATORS = Registry(
         "gamma", "lam", "epsilon",
     ),
     builtin_modules=("rlframe.algos.advantages", "rlframe.algos.group_advantages"),
+    decorator_name="register_advantage_estimator",
 )
 POLICY_LOSSES = Registry(
     "policy loss",
     required_params=(
         "old_log_prob", "log_prob", "advantages", "response_mask", "loss_agg_mode",
         "clip_ratio_low", "clip_ratio_high", "clip_ratio_c",
+        "global_token_count", "global_seq_count", "loss_scale_factor",
     ),
     builtin_modules=("rlframe.algos.policy_loss",),
+    decorator_name="register_policy_loss",
 )
 KL_ESTIMATORS = Registry(
     "KL estimator",
     required_params=("log_prob", "ref_log_prob"),
     builtin_modules=("rlframe.algos.kl",),
+    decorator_name="register_kl_estimator",
 )
 LOSS_AGG_MODES = Registry(
     "loss aggregation mode",
     required_params=("loss_mat", "loss_mask", "global_token_count", "global_seq_count", "loss_scale_factor"),
     builtin_modules=("rlframe.algos.aggregation",),
+    decorator_name="register_loss_agg_mode",
 )
 
 register_advantage_estimator = ADVANTAGE_ESTIMATORS.register

@@ -72,6 +72,21 @@ def test_clip_higher_lets_positive_advantage_tokens_rise_further():
     assert asym.item() == pytest.approx(-1.25) and m_asym["pg_clipfrac"].item() == 0.0
 
 
+def test_dual_clip_bounds_the_loss_of_negative_advantage_tokens_with_huge_ratios():
+    old = torch.zeros(1, 3)
+    new = torch.log(torch.tensor([[5.0, 5.0, 1.1]])).requires_grad_(True)
+    adv = torch.tensor([[-0.1, 0.1, -0.1]])
+    loss, metrics = get_policy_loss("dual_clip")(old_log_prob=old, log_prob=new, advantages=adv,
+                                                 response_mask=torch.ones(1, 3), loss_agg_mode="seq-mean-token-sum",
+                                                 clip_ratio_low=0.2, clip_ratio_high=0.2, clip_ratio_c=3.0)
+    # token 0: -A * r = 0.5 > -A * c = 0.3, so bounded at 0.3 (no gradient); token 1: clipped at
+    # -A * 1.2 = -0.12; token 2: -A * r = 0.11, untouched.
+    assert loss.item() == pytest.approx(0.3 - 0.12 + 0.11)
+    loss.backward()
+    assert new.grad[0, 0] == 0 and new.grad[0, 1] == 0 and new.grad[0, 2].item() == pytest.approx(0.11)
+    assert metrics["pg_clipfrac_lower"].item() == pytest.approx(1 / 3)
+
+
 def reference_gspo(old, new, adv, mask, low, high):
     """Sequence-level GSPO: one ratio per response, the geometric mean of its token ratios."""
     losses = []
@@ -121,3 +136,20 @@ def test_argument_errors():
         get_policy_loss("ppo")(**{**kw, "clip_ratio_low": 1.0})
     with pytest.raises(ValueError, match=r"advantages has shape \(1, 3\)"):
         get_policy_loss("ppo")(**{**kw, "advantages": torch.zeros(1, 3)})
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_micro_batch_gradients_sum_to_the_mini_batch_gradient(token_batch, mode):
+    """1 x 12 == 3 x 4: with the mini-batch's counts, accumulating micro-batch gradients is exact."""
+    old, new, adv, mask = _inputs(token_batch, seed=21)
+    kw = dict(loss_agg_mode=mode, clip_ratio_low=0.2, clip_ratio_high=0.28)
+    loss, _ = get_policy_loss("ppo")(old_log_prob=old, log_prob=new, advantages=adv, response_mask=mask, **kw)
+    (full_grad,) = torch.autograd.grad(loss, new)
+    counts = dict(global_token_count=int(mask.sum()), global_seq_count=int((mask.sum(-1) > 0).sum()))
+    acc = torch.zeros_like(new)
+    for rows in (slice(0, 4), slice(4, 8), slice(8, 10)):
+        micro, _ = get_policy_loss("ppo")(old_log_prob=old[rows], log_prob=new[rows], advantages=adv[rows],
+                                          response_mask=mask[rows], **kw, **counts)
+        (g,) = torch.autograd.grad(micro, new)
+        acc += g
+    assert torch.allclose(acc, full_grad, rtol=1e-12, atol=1e-15)
