@@ -32,11 +32,11 @@ class Registry:
         kind: what the functions are, for error messages ("advantage estimator").
         required_params: keyword arguments every registered function must accept (or take **kwargs).
         builtin_modules: modules that register the built-in functions; imported before any lookup.
-        decorator_name: the public decorator users register with, named in error messages.
+        decorator_name: the public decorator users register with (in rlframe.algos), for error messages.
     """
 
     def __init__(self, kind: str, *, required_params: tuple[str, ...] = (), builtin_modules: tuple[str, ...] = (),
-                 decorator_name: str = "Registry.register"):
+                 decorator_name: str | None = None):
         self.kind = kind
         self.decorator_name = decorator_name
         self.required_params = required_params
@@ -96,9 +96,10 @@ class Registry:
         try:
             return self._table[name]
         except KeyError:
+            how = f"rlframe.algos.{self.decorator_name}" if self.decorator_name else "<registry>.register"
             raise ValueError(
                 f"unknown {self.kind} {name!r}; known: {self.names()}. Check the spelling, or add one "
-                f"with @rlframe.algos.{self.decorator_name}({name!r}) before it is looked up."
+                f"with @{how}({name!r}) before it is looked up."
             ) from None
 
     def names(self) -> list[str]:
