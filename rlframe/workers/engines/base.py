@@ -1,0 +1,150 @@
+"""The training-engine interface every backend implements (fsdp now, megatron later).
+
+A training engine owns one model replica spread over a (dp, tp) layout of the ranks of its worker
+group, plus its optimizer and LR scheduler. Roles (actor, critic, reference) call it; the engine
+does not know PPO: losses come in as `loss_fn(outputs, micro_batch) -> (loss, metrics)`.
+
+Batches follow docs/contracts.md: `input_ids` = cat(left-padded prompts (B, P), right-padded
+responses (B, R)), `attention_mask`, `position_ids`, `responses` (B, R), `response_mask` (B, R).
+They may be plain dicts of tensors or objects with a `.batch` TensorDict (DataProto).
+Per-token outputs are aligned with `responses`: `log_probs[:, r]` is log p(responses[:, r] | prefix).
+"""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping, Sequence
+
+import torch
+
+from rlframe.resharding.box import Box
+
+# loss_fn(outputs, micro_batch) -> (scalar loss, {name: float or 0-d tensor})
+LossFn = Callable[[Mapping[str, torch.Tensor], Mapping[str, torch.Tensor]], tuple[torch.Tensor, Mapping[str, Any]]]
+
+HEADS = ("lm", "value")
+LR_SCHEDULES = ("constant", "cosine")
+LOSS_WEIGHTINGS = ("tokens", "samples", "none")
+
+
+@dataclass
+class TrainEngineConfig:
+    """Schema of a training engine; validated on construction (before any process group work).
+
+    head: "lm" (causal LM, for actor/reference) or "value" (critic: Linear(hidden, 1) on the
+        last hidden state, built as AutoModelForTokenClassification with num_labels=1).
+    dp, tp: data-parallel (FSDP2) and tensor-parallel sizes; dp * tp must equal the ranks given.
+    mixed_precision: None = bf16 compute with fp32 master weights on GPU, fp32 on CPU.
+    lr_schedule: "constant" or "cosine" (linear warmup over warmup_steps, cosine decay to
+        min_lr_ratio * lr at total_steps).
+    micro_batch_size / max_tokens_per_micro_batch: how `train_step` and the forward methods split
+        a whole batch when not given a list of micro-batches (token budget counts valid tokens).
+    remove_padding: pack the valid tokens of a micro-batch into as few rows as possible.
+    """
+
+    model_path: str
+    head: str = "lm"
+    dp: int = 1
+    tp: int = 1
+    lr: float = 1e-5
+    weight_decay: float = 0.0
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = 1e-8
+    grad_clip: float | None = 1.0
+    lr_schedule: str = "constant"
+    warmup_steps: int = 0
+    total_steps: int = 0
+    min_lr_ratio: float = 0.0
+    micro_batch_size: int | None = None
+    max_tokens_per_micro_batch: int | None = None
+    remove_padding: bool = True
+    mixed_precision: bool | None = None
+    attn_implementation: str = "sdpa"
+    seed: int = 0
+
+    def __post_init__(self):
+        if self.head not in HEADS:
+            raise ValueError(f"engine head {self.head!r} is unknown; use one of {HEADS}")
+        if self.dp < 1 or self.tp < 1:
+            raise ValueError(f"dp ({self.dp}) and tp ({self.tp}) must be >= 1")
+        if self.lr_schedule not in LR_SCHEDULES:
+            raise ValueError(f"lr_schedule {self.lr_schedule!r} is unknown; use one of {LR_SCHEDULES}")
+        if self.lr_schedule == "cosine" and self.total_steps <= self.warmup_steps:
+            raise ValueError(
+                f"cosine schedule needs total_steps ({self.total_steps}) > warmup_steps "
+                f"({self.warmup_steps}); set total_steps to the number of optimizer steps of the run"
+            )
+        if self.micro_batch_size is not None and self.micro_batch_size < 1:
+            raise ValueError(f"micro_batch_size must be >= 1, got {self.micro_batch_size}")
+        if self.max_tokens_per_micro_batch is not None and self.max_tokens_per_micro_batch < 1:
+            raise ValueError(f"max_tokens_per_micro_batch must be >= 1, got {self.max_tokens_per_micro_batch}")
+        if self.grad_clip is not None and self.grad_clip <= 0:
+            raise ValueError(f"grad_clip must be > 0 or None (no clipping), got {self.grad_clip}")
+        self.betas = tuple(self.betas)
+
+
+class TrainEngine(abc.ABC):
+    """One model replica over a (dp, tp) layout, with optimizer, scheduler and checkpoints."""
+
+    config: TrainEngineConfig
+
+    @abc.abstractmethod
+    def forward_log_probs(self, batch, *, temperature: float = 1.0, with_entropy: bool = False) -> dict[str, torch.Tensor]:
+        """{"log_probs": (B, R)[, "entropy": (B, R)]} of this rank's batch, no gradient."""
+
+    @abc.abstractmethod
+    def forward_values(self, batch) -> torch.Tensor:
+        """Critic values (B, R): value of the state before each response token, no gradient."""
+
+    @abc.abstractmethod
+    def train_step(self, loss_fn: LossFn, micro_batches, *, temperature: float = 1.0,
+                   loss_weighting: str = "tokens", with_entropy: bool = False) -> dict[str, float]:
+        """Accumulate gradients over micro-batches, clip, step optimizer and scheduler; return metrics."""
+
+    @abc.abstractmethod
+    def local_shards(self) -> dict[str, tuple[tuple[int, ...], Box, torch.Tensor]]:
+        """HF name -> (global shape, Box this rank holds, local tensor without copy)."""
+
+    @abc.abstractmethod
+    def layout(self) -> dict[str, Any]:
+        """The parallel layout and this rank's coordinates in it (for the resharding planner)."""
+
+    @abc.abstractmethod
+    def full_state_dict(self) -> dict[str, torch.Tensor]:
+        """Gathered full HF-named tensors on every rank (collective; small models and tests)."""
+
+    @abc.abstractmethod
+    def save_checkpoint(self, path: str) -> None:
+        """Atomically write model, optimizer and scheduler shards to `path` (collective)."""
+
+    @abc.abstractmethod
+    def load_checkpoint(self, path: str) -> None:
+        """Restore what `save_checkpoint` wrote, into an engine of the same layout (collective)."""
+
+    @abc.abstractmethod
+    def export_hf(self, path: str) -> None:
+        """Write a full HF checkpoint that `from_pretrained` loads (collective; rank 0 writes)."""
+
+    @property
+    @abc.abstractmethod
+    def lr(self) -> float:
+        """The learning rate the next optimizer step uses."""
+
+
+def as_tensor_dict(batch) -> Mapping[str, torch.Tensor]:
+    """Tensors of a batch given as a dict or as a DataProto-like object with `.batch`."""
+    inner = getattr(batch, "batch", None)
+    if inner is not None:
+        return {k: inner[k] for k in inner.keys()}
+    if isinstance(batch, Mapping):
+        return batch
+    raise ValueError(
+        f"a batch must be a dict of tensors or have a `.batch` TensorDict, got {type(batch).__name__}"
+    )
+
+
+def require_keys(batch: Mapping[str, torch.Tensor], keys: Sequence[str], *, what: str) -> None:
+    missing = [k for k in keys if k not in batch]
+    if missing:
+        raise ValueError(f"{what} needs batch keys {list(keys)}; missing {missing} (have {sorted(batch)})")

@@ -1,0 +1,86 @@
+"""Load a transformers model from a local HF directory for a training engine.
+
+Heads:
+- "lm": `AutoModelForCausalLM` (actor, reference).
+- "value": `AutoModelForTokenClassification` with num_labels=1 (critic). Its `score` layer is a
+  Linear(hidden, 1) on the last hidden state; the backbone (`model.*`) loads from a causal-LM
+  checkpoint (the LM head is dropped, `score` is initialised from `seed`, identically on every
+  rank). A critic exported with `export_hf` reloads as the same class, score included.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+
+
+def check_model_dir(path: str) -> Path:
+    p = Path(path)
+    if not (p / "config.json").is_file():
+        raise ValueError(
+            f"model_path {path!r} is not a HF model directory (no config.json); build one with "
+            "rlframe.data.tiny_model.build_random_model or point to a saved checkpoint"
+        )
+    return p
+
+
+def load_config(path: str):
+    from transformers import AutoConfig
+
+    check_model_dir(path)
+    return AutoConfig.from_pretrained(path)
+
+
+def load_model(path: str, *, head: str, seed: int, attn_implementation: str = "sdpa"):
+    """The full model in fp32 on CPU, in train mode with dropout off (so every layout agrees)."""
+    from transformers import AutoModelForCausalLM, AutoModelForTokenClassification
+    from transformers.utils import logging as hf_logging
+
+    check_model_dir(path)
+    # Same seed on every rank: weights missing from the checkpoint (the critic's score) agree.
+    torch.manual_seed(seed)
+    kwargs = dict(dtype=torch.float32, attn_implementation=attn_implementation)
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()  # "score weights newly initialised" is expected for a critic
+    try:
+        if head == "lm":
+            model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
+        else:
+            model = AutoModelForTokenClassification.from_pretrained(path, num_labels=1, **kwargs)
+    finally:
+        hf_logging.set_verbosity(verbosity)
+    _disable_dropout(model)
+    model.config.use_cache = False
+    model.train()
+    return model
+
+
+def _disable_dropout(model) -> None:
+    for name in ("attention_dropout", "hidden_dropout", "classifier_dropout"):
+        if getattr(model.config, name, None):
+            setattr(model.config, name, 0.0)
+    for m in model.modules():
+        if isinstance(m, torch.nn.Dropout):
+            m.p = 0.0
+
+
+def copy_tokenizer_files(src: str, dst: str) -> None:
+    """Copy the tokenizer of the source model dir next to an exported checkpoint."""
+    import shutil
+
+    for name in os.listdir(src):
+        if name.startswith(("tokenizer", "special_tokens", "vocab", "merges", "chat_template")):
+            shutil.copy2(os.path.join(src, name), os.path.join(dst, name))
+
+
+def save_full_model(full_state: dict[str, torch.Tensor], *, hf_config, head: str, out_dir: str) -> None:
+    """Write `full_state` (HF names) as a checkpoint of the right class via `save_pretrained`."""
+    from transformers import AutoModelForCausalLM, AutoModelForTokenClassification
+
+    cls = AutoModelForCausalLM if head == "lm" else AutoModelForTokenClassification
+    with torch.device("meta"):
+        model = cls.from_config(hf_config, dtype=torch.float32)
+    model.load_state_dict(full_state, strict=True, assign=True)
+    model.save_pretrained(out_dir)

@@ -1,0 +1,93 @@
+"""AdamW, the LR schedule, and gradient clipping for parameters sharded as DTensors.
+
+- AdamW (Loshchilov & Hutter 2019) with decoupled weight decay on matrices only (ndim >= 2);
+  biases and norm weights are not decayed. Parameters live on two meshes (2-D (dp, tp) for the
+  tensor-parallel layers, 1-D dp for norms and the critic head), so they go into separate param
+  groups per mesh and foreach kernels never mix meshes.
+- LR: "constant" (after optional linear warmup) or "cosine": linear warmup over `warmup_steps`,
+  then cosine decay to `min_lr_ratio * lr` at `total_steps` (Loshchilov & Hutter 2017, SGDR,
+  without restarts).
+- Global gradient norm over every rank of the engine with one all-reduce per mesh dim: each rank
+  adds the squared norm of its local shard weighted by (distinct shards / ranks), which counts
+  every element once however often it is replicated.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.distributed as dist
+from torch.distributed.tensor import DTensor, Partial, Replicate
+
+
+def lr_lambda(step: int, *, schedule: str, warmup_steps: int, total_steps: int, min_lr_ratio: float) -> float:
+    """Multiplier of the base LR at optimizer step `step` (0-based)."""
+    if warmup_steps > 0 and step < warmup_steps:
+        return (step + 1) / warmup_steps
+    if schedule == "constant":
+        return 1.0
+    progress = min(1.0, (step - warmup_steps) / max(1, total_steps - warmup_steps))
+    return min_lr_ratio + (1.0 - min_lr_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+def _mesh_key(p: torch.Tensor):
+    return p.device_mesh.mesh_dim_names if isinstance(p, DTensor) else None
+
+
+def build_optimizer(model, config) -> torch.optim.Optimizer:
+    groups: dict[tuple, list] = {}
+    for p in model.parameters():
+        if p.requires_grad:
+            groups.setdefault((_mesh_key(p), p.dim() >= 2), []).append(p)
+    param_groups = [
+        {"params": ps, "weight_decay": config.weight_decay if decay else 0.0}
+        for (_, decay), ps in sorted(groups.items(), key=lambda kv: (str(kv[0][0]), kv[0][1]))
+    ]
+    return torch.optim.AdamW(param_groups, lr=config.lr, betas=config.betas, eps=config.eps)
+
+
+def build_scheduler(optimizer, config) -> torch.optim.lr_scheduler.LambdaLR:
+    from functools import partial
+
+    fn = partial(lr_lambda, schedule=config.lr_schedule, warmup_steps=config.warmup_steps,
+                 total_steps=config.total_steps, min_lr_ratio=config.min_lr_ratio)
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, fn)
+
+
+def _local_grad(p: torch.Tensor) -> tuple[torch.Tensor, float]:
+    """This rank's gradient shard and the fraction of the engine's ranks holding distinct data."""
+    g = p.grad
+    if not isinstance(g, DTensor):
+        return g, 1.0
+    if any(isinstance(pl, Partial) for pl in g.placements):
+        g = g.redistribute(placements=[Replicate() if isinstance(pl, Partial) else pl for pl in g.placements])
+    mesh = g.device_mesh
+    distinct = 1
+    for dim, pl in enumerate(g.placements):
+        if not isinstance(pl, Replicate):
+            distinct *= mesh.size(dim)
+    return g.to_local(), float(distinct)
+
+
+def global_grad_norm(params, *, groups, num_ranks: int) -> torch.Tensor:
+    """sqrt(sum of squares of all gradient elements), the same value on every rank (fp32)."""
+    total = None
+    for p in params:
+        if p.grad is None:
+            continue
+        local, distinct = _local_grad(p)
+        sq = local.detach().float().pow(2).sum() * (distinct / num_ranks)
+        total = sq if total is None else total + sq
+    if total is None:
+        total = torch.zeros(())
+    for g in groups:
+        if g is not None and dist.get_world_size(g) > 1:
+            dist.all_reduce(total, group=g)
+    return total.sqrt()
+
+
+def scale_grads_(params, factor: float) -> None:
+    for p in params:
+        if p.grad is not None:
+            p.grad.mul_(factor)

@@ -1,0 +1,118 @@
+"""Build the (dp, tp) device mesh, check a model fits it, and apply TP then FSDP2.
+
+Order (as in torchtitan): tensor parallelism first (`parallelize_module` on the "tp" mesh), then
+FSDP2 (`fully_shard` on the "dp" mesh) per decoder layer and on the root. Parameters end up as
+DTensors on the 2-D mesh: dim 0 sharded over dp on top of the Megatron split over tp.
+
+Tensor-parallel plan (Megatron-LM, Shoeybi et al. 2019, section 3):
+- q/k/v and gate/up projections are column-parallel (output features split; heads stay whole);
+- o and down projections are row-parallel (input features split, outputs all-reduced);
+- the token embedding is vocab-parallel (rows split, masked lookup, all-reduce);
+- the LM head is vocab-parallel: each tp rank computes logits for its vocab slice and the
+  log-softmax is done across slices (`vocab_parallel.py`), never gathering (N, V) logits;
+- norms and the critic's score head are replicated over tp (sharded over dp by FSDP).
+No sequence parallelism: activations are replicated over tp, so sequence lengths need not divide
+anything. What must divide by tp (checked before any work): attention heads, key/value heads,
+intermediate size and vocabulary size.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+
+_ATTN = ("q_proj", "k_proj", "v_proj", "o_proj")
+_MLP = ("gate_proj", "up_proj", "down_proj")
+
+
+def build_mesh(*, dp: int, tp: int, device_type: str) -> DeviceMesh:
+    """A ("dp", "tp") mesh over all ranks of the default group; tp is the fastest-varying dim."""
+    world = dist.get_world_size()
+    if dp * tp != world:
+        raise ValueError(
+            f"layout dp({dp}) * tp({tp}) = {dp * tp} != WORLD_SIZE({world}); "
+            "choose dp and tp whose product is the number of ranks of the worker group"
+        )
+    return init_device_mesh(device_type, (dp, tp), mesh_dim_names=("dp", "tp"))
+
+
+def check_mesh(mesh: DeviceMesh, *, dp: int, tp: int) -> None:
+    if tuple(mesh.mesh_dim_names or ()) != ("dp", "tp"):
+        raise ValueError(f"the engine needs a mesh with dims ('dp', 'tp'), got {mesh.mesh_dim_names}")
+    if (mesh.size(0), mesh.size(1)) != (dp, tp):
+        raise ValueError(f"mesh shape {tuple(mesh.shape)} does not match config dp={dp}, tp={tp}")
+
+
+def check_model_fits(hf_config, *, tp: int, model_type_path: str) -> None:
+    """Fail early, with the arithmetic, when the model's dims do not split over tp."""
+    heads = hf_config.num_attention_heads
+    kv = getattr(hf_config, "num_key_value_heads", None) or heads
+    if getattr(hf_config, "tie_word_embeddings", False) and tp > 1:
+        raise ValueError(
+            f"{model_type_path}: tie_word_embeddings=True with tp={tp} is not supported (the tied "
+            "weight would need two tensor-parallel layouts); use an untied model or tp=1"
+        )
+    dims = {
+        "num_attention_heads": heads,
+        "num_key_value_heads": kv,
+        "intermediate_size": hf_config.intermediate_size,
+        "vocab_size": hf_config.vocab_size,
+    }
+    bad = {k: v for k, v in dims.items() if v % tp}
+    if bad:
+        text = ", ".join(f"{k}={v} % tp({tp}) = {v % tp}" for k, v in bad.items())
+        raise ValueError(
+            f"{model_type_path} does not split over tp={tp}: {text}; choose a tp that divides "
+            "the attention heads, key/value heads, intermediate size and vocabulary size"
+        )
+
+
+def decoder_layers(model) -> list[torch.nn.Module]:
+    """The decoder layers of a Llama-style HF model (`model.model.layers`), checked for the plan."""
+    layers = getattr(getattr(model, "model", None), "layers", None)
+    if layers is None:
+        raise ValueError(
+            f"{type(model).__name__} has no `.model.layers`; the fsdp engine supports Llama-style "
+            "decoder models (Llama, Qwen2, Mistral, ...)"
+        )
+    for i, layer in enumerate(layers):
+        attn, mlp = getattr(layer, "self_attn", None), getattr(layer, "mlp", None)
+        names = [n for n in _ATTN if not hasattr(attn, n)] + [n for n in _MLP if not hasattr(mlp, n)]
+        if names:
+            raise ValueError(
+                f"{type(model).__name__} layer {i} lacks {names}; the tensor-parallel plan needs "
+                "self_attn.{q,k,v,o}_proj and mlp.{gate,up,down}_proj"
+            )
+    return list(layers)
+
+
+def apply_tensor_parallel(model, tp_mesh: DeviceMesh, *, head: str) -> None:
+    """Megatron-style column/row/vocab-parallel plan over `tp_mesh` (see module docstring)."""
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    plan = {"model.embed_tokens": RowwiseParallel(input_layouts=Replicate())}
+    for i in range(len(decoder_layers(model))):
+        p = f"model.layers.{i}"
+        plan.update({f"{p}.self_attn.{n}": ColwiseParallel() for n in ("q_proj", "k_proj", "v_proj")})
+        plan[f"{p}.self_attn.o_proj"] = RowwiseParallel()
+        plan.update({f"{p}.mlp.{n}": ColwiseParallel() for n in ("gate_proj", "up_proj")})
+        plan[f"{p}.mlp.down_proj"] = RowwiseParallel()
+    if head == "lm":
+        # Local logits (N, V / tp); the engine's log-softmax works on the slices.
+        plan["lm_head"] = ColwiseParallel(output_layouts=Shard(-1), use_local_output=True)
+    parallelize_module(model, tp_mesh, plan)
+
+
+def apply_fsdp(model, dp_mesh: DeviceMesh, *, mixed_precision: bool) -> None:
+    """FSDP2 per decoder layer, then the root (embedding, final norm, head)."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    kwargs = {"mesh": dp_mesh}
+    if mixed_precision:
+        # bf16 compute and all-gathers; fp32 gradient reduction and fp32 sharded master weights.
+        kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    for layer in decoder_layers(model):
+        fully_shard(layer, **kwargs)
+    fully_shard(model, **kwargs)

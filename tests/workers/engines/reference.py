@@ -1,0 +1,107 @@
+"""Single-process references for the engine tests: plain transformers + torch.optim, no sharding.
+
+Batches follow docs/contracts.md (left-padded prompts, right-padded responses). The reference
+computes on the padded batch directly (no packing), so it also checks the engine's packing.
+"""
+
+from __future__ import annotations
+
+import torch
+
+PROMPT_LEN, RESPONSE_LEN = 6, 5
+
+
+def make_batch(*, batch_size: int = 8, prompt_len: int = PROMPT_LEN, response_len: int = RESPONSE_LEN,
+               vocab: int = 100, seed: int = 0) -> dict[str, torch.Tensor]:
+    """A batch with mixed prompt and response lengths, advantages and returns."""
+    g = torch.Generator().manual_seed(seed)
+    plen = torch.randint(1, prompt_len + 1, (batch_size,), generator=g)
+    rlen = torch.randint(1, response_len + 1, (batch_size,), generator=g)
+    plen[0], rlen[0] = prompt_len, response_len  # one full-length row
+    ids = torch.randint(4, vocab, (batch_size, prompt_len + response_len), generator=g)
+    pmask = torch.arange(prompt_len)[None] >= (prompt_len - plen)[:, None]
+    rmask = torch.arange(response_len)[None] < rlen[:, None]
+    mask = torch.cat([pmask, rmask], dim=1).long()
+    ids = ids * mask  # pad id 0
+    return {
+        "input_ids": ids,
+        "attention_mask": mask,
+        "position_ids": (mask.cumsum(1) - 1).clamp(min=0),
+        "responses": ids[:, prompt_len:],
+        "response_mask": rmask.float(),
+        "advantages": torch.randn(batch_size, response_len, generator=g),
+        "returns": torch.randn(batch_size, response_len, generator=g),
+    }
+
+
+def policy_loss(outputs, mb):
+    """Token-mean policy-gradient loss with an entropy bonus (needs entropy in outputs)."""
+    m = mb["response_mask"]
+    pg = -(outputs["log_probs"] * mb["advantages"] * m).sum() / m.sum()
+    ent = (outputs["entropy"] * m).sum() / m.sum()
+    return pg - 0.01 * ent, {"entropy": ent.detach()}
+
+
+def sft_loss(outputs, mb):
+    """Token-mean negative log-likelihood of the responses (falls when training works)."""
+    m = mb["response_mask"]
+    return -(outputs["log_probs"] * m).sum() / m.sum(), {}
+
+
+def value_loss(outputs, mb):
+    m = mb["response_mask"]
+    return 0.5 * (((outputs["values"] - mb["returns"]) ** 2) * m).sum() / m.sum(), {}
+
+
+def build_reference(path: str, *, head: str, state_dict=None):
+    from transformers import AutoModelForCausalLM, AutoModelForTokenClassification
+
+    if head == "lm":
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    else:
+        model = AutoModelForTokenClassification.from_pretrained(path, num_labels=1, dtype=torch.float32)
+    if state_dict is not None:
+        model.load_state_dict(state_dict)
+    model.config.use_cache = False
+    return model
+
+
+def reference_outputs(model, batch, *, head: str, temperature: float = 1.0) -> dict[str, torch.Tensor]:
+    """log_probs/entropy (B, R) or values (B, R) on the padded batch, with gradient."""
+    out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                position_ids=batch["position_ids"], use_cache=False)
+    r = batch["responses"].shape[1]
+    t = batch["input_ids"].shape[1]
+    if head == "value":
+        return {"values": out.logits.squeeze(-1)[:, t - r - 1 : t - 1]}
+    logp = torch.log_softmax(out.logits[:, t - r - 1 : t - 1].float() / temperature, dim=-1)
+    return {
+        "log_probs": logp.gather(-1, batch["responses"].unsqueeze(-1)).squeeze(-1),
+        "entropy": -(logp.exp() * logp).sum(-1),
+    }
+
+
+def reference_step(model, batch, loss_fn, *, head: str, lr: float, weight_decay: float, eps: float,
+                   grad_clip: float) -> dict:
+    """One full-batch step: loss, grad norm, clipped AdamW (matrices decayed) -> new weights."""
+    loss, _ = loss_fn(reference_outputs(model, batch, head=head), batch)
+    model.zero_grad()
+    loss.backward()
+    params = [p for p in model.parameters() if p.requires_grad]
+    norm = torch.sqrt(sum(p.grad.pow(2).sum() for p in params if p.grad is not None))
+    if norm > grad_clip:
+        for p in params:
+            if p.grad is not None:
+                p.grad.mul_(grad_clip / (float(norm) + 1e-6))
+    groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
+              {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
+    torch.optim.AdamW(groups, lr=lr, eps=eps).step()
+    return {"loss": float(loss), "grad_norm": float(norm),
+            "state": {k: v.detach().clone() for k, v in model.state_dict().items()}}
+
+
+def max_abs_diff(a: torch.Tensor, b: torch.Tensor, mask: torch.Tensor | None = None) -> float:
+    d = (a.float() - b.float()).abs()
+    if mask is not None:
+        d = d[mask.bool()]
+    return float(d.max()) if d.numel() else 0.0
