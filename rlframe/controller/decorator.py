@@ -24,13 +24,16 @@ _ATTR = "__rlframe_register__"
 class Registration:
     dispatch: str
     blocking: bool
+    mesh: str
 
 
-def register(*, dispatch: "Dispatch | str" = Dispatch.ONE_TO_ALL, blocking: bool = True):
+def register(*, dispatch: "Dispatch | str" = Dispatch.ONE_TO_ALL, blocking: bool = True, mesh: str = "default"):
     """Mark a worker method as callable from the driver.
 
     dispatch: a mode of the dispatch table (unknown names fail here, at class definition).
     blocking: the driver-side call's default; False returns a future with `.get(timeout=...)`.
+    mesh: which of the worker's meshes mesh-driven modes (DP_COMPUTE) follow, e.g. "rollout" for
+        generation when it uses another layout than training.
     """
     mode = dispatch.value if isinstance(dispatch, Dispatch) else dispatch
     get_dispatch_mode(mode)  # fail early on unknown modes
@@ -43,7 +46,7 @@ def register(*, dispatch: "Dispatch | str" = Dispatch.ONE_TO_ALL, blocking: bool
                 f"registered method {fn.__qualname__} has parameters {clash}, which the driver-side "
                 f"call reserves for itself ({RESERVED_KWARGS}); rename them"
             )
-        setattr(fn, _ATTR, Registration(mode, blocking))
+        setattr(fn, _ATTR, Registration(mode, blocking, mesh))
         return fn
 
     return wrap

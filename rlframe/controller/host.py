@@ -48,14 +48,11 @@ class WorkerHost:
             self.backend, rank=self.rank, world_size=self.world_size, timeout=timedelta(seconds=timeout_s)
         )
 
-    def add_role(self, role: str, cls: type, args: tuple, kwargs: dict) -> RankInfo:
+    def add_role(self, role: str, cls: type, args: tuple, kwargs: dict) -> dict[str, RankInfo]:
         ctx = WorkerContext(group=self.group, role=role, rank=self.rank, world_size=self.world_size,
                             local_rank=0, backend=self.backend)
         self.roles[role] = build_role(cls, ctx, args, kwargs)
-        return self.roles[role].rank_info()
-
-    def rank_info(self, role: str) -> RankInfo:
-        return self.roles[role].rank_info()
+        return self.roles[role].rank_infos()
 
     def call(self, role: str, method: str, args: tuple, kwargs: dict):
         return getattr(self.roles[role], method)(*args, **kwargs)

@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from rlframe.controller.dispatch import RankInfo
 from rlframe.controller.mesh import Mesh
 
+DEFAULT_MESH = "default"
+
 
 @dataclass(frozen=True)
 class WorkerContext:
@@ -34,7 +36,7 @@ class Worker:
     """
 
     _ctx: WorkerContext
-    _mesh: Mesh | None = None
+    _meshes: dict[str, Mesh] | None = None
 
     @property
     def rank(self) -> int:
@@ -50,19 +52,35 @@ class Worker:
 
     @property
     def mesh(self) -> Mesh:
-        return self._mesh if self._mesh is not None else Mesh.of(dp=self.world_size)
+        return self.get_mesh(DEFAULT_MESH)
 
-    def set_mesh(self, mesh: Mesh) -> None:
+    def get_mesh(self, name: str = DEFAULT_MESH) -> Mesh:
+        meshes = self._meshes or {}
+        if name in meshes:
+            return meshes[name]
+        if name == DEFAULT_MESH:
+            return Mesh.of(dp=self.world_size)
+        raise ValueError(f"{type(self).__name__} declares no mesh named {name!r} (it has {sorted(meshes)}); "
+                         f"call self.set_mesh(..., name={name!r}) in __init__")
+
+    def set_mesh(self, mesh: Mesh, *, name: str = DEFAULT_MESH) -> None:
+        """Declare a mesh; methods registered with `mesh=name` are dispatched over it.
+
+        A role can have several (e.g. the actor's training layout and its rollout layout)."""
         mesh.check_world_size(self.world_size)
-        self._mesh = mesh
+        self._meshes = {**(self._meshes or {}), name: mesh}
 
-    def rank_info(self) -> RankInfo:
+    def rank_infos(self) -> dict[str, RankInfo]:
+        names = set(self._meshes or {}) | {DEFAULT_MESH}
+        return {n: self.rank_info(n) for n in names}
+
+    def rank_info(self, mesh_name: str = DEFAULT_MESH) -> RankInfo:
         """This rank's place for dispatch: its dp coordinate and whether its output is collected.
 
         One rank per dp group is collected: tp (and cp/ep) coordinate 0 on the last pp stage,
         which is where a pipeline's outputs live.
         """
-        mesh = self.mesh
+        mesh = self.get_mesh(mesh_name)
         coords = mesh.coords(self.rank)
         collect = all(
             c == (mesh.size(n) - 1 if n == "pp" else 0) for n, c in coords.items() if n != "dp"

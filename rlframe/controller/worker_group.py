@@ -160,7 +160,9 @@ class RayWorkerGroup:
         self.hosts = _hosts or HostSet(pool, name=self.name, env=env)
         refs = [(RankInfo(r, r, self.world_size, True), a.add_role.remote(self.role, cls, args, kwargs or {}))
                 for r, a in enumerate(self.hosts.actors)]
-        self.rank_infos = [info for _, info in _wait_all(refs, timeout=timeout, what=self._what("__init__"))]
+        per_rank = [infos for _, infos in _wait_all(refs, timeout=timeout, what=self._what("__init__"))]
+        # mesh name -> RankInfo of every rank, in rank order
+        self.rank_infos = {name: [infos[name] for infos in per_rank] for name in per_rank[0]}
         self._bind_methods()
 
     @classmethod
@@ -200,10 +202,14 @@ class RayWorkerGroup:
         if reg is None:
             raise AttributeError(f"{self.cls.__name__}.{method} is not a registered method")
         mode = get_dispatch_mode(reg.dispatch)
-        per_rank = mode.split(args, kwargs, self.rank_infos)
+        if reg.mesh not in self.rank_infos:
+            raise ValueError(f"{self.cls.__name__}.{method} is registered on mesh {reg.mesh!r}, but the "
+                             f"worker declared only {sorted(self.rank_infos)}; call set_mesh(..., name={reg.mesh!r})")
+        infos = self.rank_infos[reg.mesh]
+        per_rank = mode.split(args, kwargs, infos)
         calls = [
             (info, actor.call.remote(self.role, method, *call))
-            for info, actor, call in zip(self.rank_infos, self.hosts.actors, per_rank)
+            for info, actor, call in zip(infos, self.hosts.actors, per_rank)
             if call is not None
         ]
         fut = GroupFuture(calls=calls, collect=mode.collect, what=self._what(method),

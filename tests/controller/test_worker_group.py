@@ -39,6 +39,13 @@ def test_dp_compute_splits_over_dp_and_gathers_in_order(echo4):
     assert seen == [[0, 1, 2, 3], [0, 1, 2, 3], [4, 5, 6, 7], [4, 5, 6, 7]]
 
 
+def test_dp_compute_on_a_second_mesh(echo4):
+    data = DataProto.from_dict(tensors={"x": torch.arange(8)})
+    out = echo4.tag_rank(data)  # mesh "flat" is dp=4: every rank gets 2 rows and is collected
+    assert out.batch["rank"].tolist() == [0, 0, 1, 1, 2, 2, 3, 3]
+    assert out.batch["x"].tolist() == list(range(8))
+
+
 def test_all_reduce_across_four_processes(echo4):
     assert echo4.all_reduce_rank() == [10.0] * 4
     assert len(set(echo4.pid())) == 4

@@ -17,6 +17,7 @@ class EchoWorker(Worker):
         self.seen = []
         if mesh is not None:
             self.set_mesh(Mesh.of(**mesh))
+        self.set_mesh(Mesh.of(dp=self.world_size), name="flat")  # a second layout, e.g. rollout
 
     @register(dispatch=Dispatch.ONE_TO_ALL)
     def whoami(self, x):
@@ -43,6 +44,12 @@ class EchoWorker(Worker):
         self.seen.append(data.batch["x"].tolist())
         out = data.select(batch_keys=["x"])
         out.batch["x"] = out.batch["x"] * scale
+        out.batch["rank"] = torch.full((len(data),), self.rank)
+        return out
+
+    @register(dispatch=Dispatch.DP_COMPUTE, mesh="flat")
+    def tag_rank(self, data):
+        out = data.select(batch_keys=["x"])
         out.batch["rank"] = torch.full((len(data),), self.rank)
         return out
 

@@ -1,0 +1,37 @@
+"""Compose a run's YAML with Hydra (configs/NAME.yaml + key=value overrides) into a RunConfig."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from rlframe.config.build import build_config
+from rlframe.config.schema import RunConfig
+
+CONFIGS_DIR = Path(__file__).resolve().parents[2] / "configs"
+
+
+def available_configs(configs_dir: Path = CONFIGS_DIR) -> list[str]:
+    return sorted(p.stem for p in configs_dir.glob("*.yaml"))
+
+
+def _upsert(override: str) -> str:
+    """`key=value` -> `++key=value`: a key the YAML leaves at its schema default can still be set
+    (typos are caught by the schema, with suggestions, in build_config)."""
+    return override if override.startswith(("+", "~")) else "++" + override
+
+
+def load_config(name: str = "ppo_tiny", overrides: list[str] | None = None, *,
+                configs_dir: Path = CONFIGS_DIR) -> RunConfig:
+    """Compose `configs/<name>.yaml` with Hydra overrides (`actor.lr=1e-4`) and type-check it."""
+    from hydra import compose, initialize_config_dir
+    from hydra.errors import HydraException
+    from omegaconf import OmegaConf
+
+    if not (configs_dir / f"{name}.yaml").is_file():
+        raise ValueError(f"no config named {name!r} in {configs_dir}; available: {', '.join(available_configs(configs_dir))}")
+    try:
+        with initialize_config_dir(config_dir=str(configs_dir), version_base="1.3"):
+            composed = compose(config_name=name, overrides=[_upsert(o) for o in overrides or []])
+    except HydraException as err:
+        raise ValueError(f"could not compose config {name!r} with overrides {overrides}: {err}") from err
+    return build_config(OmegaConf.to_container(composed, resolve=True))

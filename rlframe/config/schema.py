@@ -1,0 +1,169 @@
+"""The schema of a run: a shallow tree of dataclasses. Hydra composes the YAML; these validate it.
+
+Sections: model, data, algorithm, actor, critic, ref, rollout, reward, resources, trainer.
+Every field has a default that suits the tiny CPU run (`configs/ppo_tiny.yaml`); cluster configs
+override what they need. Cross-field checks live in `rlframe/config/validate.py`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+# Dataflows the trainer knows; `algorithm.name` picks one (and the defaults in configs/).
+ALGORITHMS = ("ppo", "grpo", "dr_grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline", "remax",
+              "dapo", "lite_ppo", "online_dpo")
+
+
+@dataclass
+class ModelConfig:
+    path: str | None = None  # a local HF directory; None builds the tiny model below
+    tiny_preset: str = "demo"  # rlframe.data.tiny_model.PRESETS
+    tiny_pretrain_steps: int | None = None  # None: the builder's default SFT budget
+    critic_path: str | None = None  # None: the actor's model with a value head
+    cache_dir: str | None = None  # where built tiny models/data are cached (None: ~/.cache/rlframe)
+    # Dims for dry runs of cluster configs (no weights needed); None reads config.json at `path`.
+    hf_config: dict | None = None
+
+
+@dataclass
+class DataConfig:
+    task: str | None = "arithmetic"  # synthetic task generated on first use; None: use the files
+    task_difficulty: int = 1
+    train_files: list[str] = field(default_factory=list)
+    val_files: list[str] = field(default_factory=list)
+    train_size: int = 4096
+    val_size: int = 256
+    prompt_length: int = 16
+    response_length: int = 8
+    train_batch_size: int = 64  # prompts per step
+    seed: int = 0
+
+
+@dataclass
+class AlgorithmConfig:
+    name: str = "ppo"
+    adv_estimator: str = "gae"
+    gamma: float = 1.0
+    lam: float = 1.0
+    n_samples: int = 1  # responses per prompt (GRPO-style groups when > 1)
+    kl_in_reward: bool = False
+    kl_coef: float = 0.001
+    kl_estimator: str = "k1"
+    kl_target: float | None = None  # set: adaptive KL controller (Ziegler et al. 2019)
+    kl_horizon: int = 10000
+    use_kl_loss: bool = False
+    kl_loss_coef: float = 0.001
+    kl_loss_estimator: str = "k3"
+    policy_loss: str = "ppo"
+    clip_ratio_low: float = 0.2
+    clip_ratio_high: float = 0.2
+    clip_ratio_c: float = 3.0  # dual-clip bound (policy_loss=dual_clip)
+    loss_agg_mode: str = "token-mean"
+    entropy_coef: float = 0.0
+    dynamic_sampling: bool = False  # DAPO: drop groups with equal rewards, refill
+    max_gen_batches: int = 4
+    overlong_buffer_len: int = 0  # DAPO overlong shaping (0: off)
+    overlong_penalty_factor: float = 1.0
+    dpo_beta: float = 0.1  # online DPO
+
+
+@dataclass
+class TrainRoleConfig:
+    """Training layout and optimisation of one role (actor or critic)."""
+
+    strategy: str = "fsdp"  # fsdp | megatron
+    dp: int = 2
+    tp: int = 1
+    pp: int = 1
+    lr: float = 1e-4
+    weight_decay: float = 0.0
+    grad_clip: float = 1.0
+    lr_schedule: str = "constant"
+    warmup_steps: int = 0
+    ppo_epochs: int = 1
+    mini_batch_size: int = 64  # samples per optimizer step
+    micro_batch_size: int | None = 32
+    max_tokens_per_micro_batch: int | None = None
+    cliprange_value: float = 0.5  # critic only
+
+
+@dataclass
+class RefConfig:
+    enabled: bool | None = None  # None: on when any KL is used
+
+
+@dataclass
+class RolloutSection:
+    backend: str = "auto"  # vllm | hf | auto
+    tp: int = 1
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    val_temperature: float = 0.0
+    val_n: int = 1  # samples per validation prompt (pass@k with k = val_n)
+    max_num_seqs: int = 256
+    gpu_memory_utilization: float = 0.1
+    kv_cache_bytes: int | None = 256 << 20
+    bucket_bytes: int = 256 << 20  # resharding bucket size
+
+
+@dataclass
+class RewardConfig:
+    function_path: str | None = None  # a .py file with a reward function; None: built-in verifiers
+    function_name: str = "compute_score"
+    num_workers: int = 1
+    model_paths: list[str] = field(default_factory=list)  # reward models (sequence classifiers)
+    ensemble: str = "mean"  # mean | min over reward models
+
+
+@dataclass
+class ResourcesConfig:
+    nodes: int = 1
+    procs_per_node: int = 2
+    use_gpu: bool = False
+    placement: str = "colocated"  # colocated (hybrid engine) | split
+    # split placement: processes of each separate pool (actor+rollout, critic, ref, reward)
+    split_procs: dict = field(default_factory=dict)
+    cpus_per_proc: float = 1.0
+
+
+@dataclass
+class TrainerConfig:
+    total_steps: int = 20
+    val_every: int = 5
+    save_every: int = 0  # 0: only at the end
+    keep_checkpoints: int = 2
+    resume: str = "auto"  # auto | off | a checkpoint path
+    output_dir: str = "outputs"
+    experiment: str = "ppo_tiny"
+    loggers: list[str] = field(default_factory=lambda: ["console", "jsonl", "tensorboard"])
+    export_hf: bool = True
+    plot: bool = True
+    dry_run: bool = False
+    seed: int = 0
+    progress_bar: bool = True
+
+
+@dataclass
+class RunConfig:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    actor: TrainRoleConfig = field(default_factory=TrainRoleConfig)
+    critic: TrainRoleConfig = field(default_factory=TrainRoleConfig)
+    ref: RefConfig = field(default_factory=RefConfig)
+    rollout: RolloutSection = field(default_factory=RolloutSection)
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    resources: ResourcesConfig = field(default_factory=ResourcesConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    imports: list[str] = field(default_factory=list)  # modules that register custom algorithms/workers
+
+    @property
+    def uses_critic(self) -> bool:
+        return self.algorithm.adv_estimator == "gae"
+
+    @property
+    def uses_ref(self) -> bool:
+        if self.ref.enabled is not None:
+            return self.ref.enabled
+        return self.algorithm.kl_in_reward or self.algorithm.use_kl_loss

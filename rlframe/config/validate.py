@@ -1,0 +1,158 @@
+"""Cross-field checks of a `RunConfig`, run in the driver before any worker starts.
+
+Every problem found is reported at once, each saying what is wrong, why, and how to fix it.
+"""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+
+from rlframe.config.schema import ALGORITHMS, RunConfig
+
+GROUP_ESTIMATORS = ("grpo", "dr_grpo", "rloo", "reinforce_plus_plus_baseline", "lite_ppo",
+                    "group_mean_batch_std")
+
+
+class ConfigError(ValueError):
+    """One or more problems in a run's configuration."""
+
+    def __init__(self, problems: list[str]):
+        self.problems = problems
+        super().__init__("invalid configuration:\n" + "\n".join(f"  - {p}" for p in problems))
+
+
+def import_user_modules(cfg: RunConfig) -> None:
+    """Import `imports:` modules (they register custom estimators, losses, workers)."""
+    for name in cfg.imports:
+        try:
+            importlib.import_module(name)
+        except Exception as err:
+            raise ConfigError([f"imports: module {name!r} failed to import ({type(err).__name__}: {err}); "
+                               "check the module name and that its directory is on PYTHONPATH"]) from err
+
+
+def role_world_sizes(cfg: RunConfig) -> dict[str, int]:
+    """Processes of each worker group (colocated: all roles share the whole pool)."""
+    res = cfg.resources
+    total = res.nodes * res.procs_per_node
+    if res.placement == "colocated":
+        return {"actor": total, "critic": total, "ref": total}
+    split = res.split_procs or {}
+    actor = int(split.get("actor", total))
+    return {"actor": actor, "critic": int(split.get("critic", actor)), "ref": int(split.get("ref", actor))}
+
+
+def _check_algorithm(cfg: RunConfig, out: list[str]) -> None:
+    from rlframe.algos.registry import (
+        ADVANTAGE_ESTIMATORS, KL_ESTIMATORS, LOSS_AGG_MODES, POLICY_LOSSES,
+    )
+
+    alg = cfg.algorithm
+    if alg.name not in ALGORITHMS:
+        out.append(f"algorithm.name={alg.name!r} is unknown; choose one of {', '.join(ALGORITHMS)} "
+                   "(a custom algorithm keeps one of these dataflows and registers its estimator/loss)")
+    for what, value, reg in (("algorithm.adv_estimator", alg.adv_estimator, ADVANTAGE_ESTIMATORS),
+                             ("algorithm.policy_loss", alg.policy_loss, POLICY_LOSSES),
+                             ("algorithm.kl_estimator", alg.kl_estimator, KL_ESTIMATORS),
+                             ("algorithm.kl_loss_estimator", alg.kl_loss_estimator, KL_ESTIMATORS),
+                             ("algorithm.loss_agg_mode", alg.loss_agg_mode, LOSS_AGG_MODES)):
+        if alg.name == "online_dpo" and what == "algorithm.adv_estimator":
+            continue
+        if value not in reg:
+            out.append(f"{what}={value!r} is not registered; known: {', '.join(reg.names())} "
+                       "(register your own and list its module under imports:)")
+    if alg.n_samples < 1:
+        out.append(f"algorithm.n_samples={alg.n_samples} must be >= 1")
+    if alg.adv_estimator in GROUP_ESTIMATORS and alg.n_samples < 2:
+        out.append(f"algorithm.adv_estimator={alg.adv_estimator!r} compares samples of the same prompt, "
+                   f"so algorithm.n_samples must be >= 2 (got {alg.n_samples})")
+    if alg.name == "online_dpo" and alg.n_samples != 2:
+        out.append(f"online DPO ranks two samples per prompt: set algorithm.n_samples=2 (got {alg.n_samples})")
+
+
+def _check_layouts(cfg: RunConfig, out: list[str]) -> None:
+    res = cfg.resources
+    if res.placement not in ("colocated", "split"):
+        out.append(f"resources.placement={res.placement!r}: use 'colocated' or 'split'")
+        return
+    sizes = role_world_sizes(cfg)
+    roles = [("actor", cfg.actor)] + ([("critic", cfg.critic)] if cfg.uses_critic else [])
+    for name, role in roles:
+        n = sizes[name]
+        if role.strategy not in ("fsdp", "megatron"):
+            out.append(f"{name}.strategy={role.strategy!r}: use 'fsdp' or 'megatron'")
+        if role.strategy == "megatron" and not res.use_gpu:
+            out.append(f"{name}.strategy=megatron needs GPUs (megatron-core's layers call CUDA); "
+                       "set resources.use_gpu=true on a GPU cluster, or use strategy=fsdp on CPU")
+        if role.strategy == "fsdp" and role.pp != 1:
+            out.append(f"{name}.pp={role.pp}: the fsdp strategy has no pipeline parallelism; use pp=1 or strategy=megatron")
+        if role.dp * role.tp * role.pp != n:
+            out.append(f"{name} layout dp({role.dp}) * tp({role.tp}) * pp({role.pp}) = "
+                       f"{role.dp * role.tp * role.pp} != its {n} processes; change the layout or resources")
+    gen_tp = cfg.rollout.tp
+    if gen_tp > sizes["actor"]:
+        out.append(f"rollout.tp={gen_tp} is larger than the actor group ({sizes['actor']} processes); "
+                   f"use rollout.tp <= {sizes['actor']}")
+    elif sizes["actor"] % gen_tp:
+        out.append(f"rollout.tp={gen_tp} must divide the actor group's {sizes['actor']} processes "
+                   "(generation replicas = processes / rollout.tp)")
+
+
+def _check_batches(cfg: RunConfig, out: list[str]) -> None:
+    samples = cfg.data.train_batch_size * cfg.algorithm.n_samples
+    roles = [("actor", cfg.actor)] + ([("critic", cfg.critic)] if cfg.uses_critic else [])
+    for name, role in roles:
+        if role.dp < 1:
+            continue
+        if samples % role.dp:
+            out.append(f"data.train_batch_size ({cfg.data.train_batch_size}) * algorithm.n_samples "
+                       f"({cfg.algorithm.n_samples}) = {samples} samples is not divisible by {name}.dp={role.dp}; "
+                       f"make it a multiple of {role.dp}")
+        if samples % role.mini_batch_size:
+            out.append(f"{name}.mini_batch_size={role.mini_batch_size} must divide the {samples} samples of a step")
+        elif role.mini_batch_size % role.dp:
+            out.append(f"{name}.mini_batch_size={role.mini_batch_size} must be divisible by {name}.dp={role.dp}")
+        per_rank = role.mini_batch_size // max(role.dp, 1)
+        if role.micro_batch_size and per_rank % role.micro_batch_size:
+            out.append(f"{name}.micro_batch_size={role.micro_batch_size} must divide the per-rank mini-batch "
+                       f"{role.mini_batch_size} / dp {role.dp} = {per_rank}")
+
+
+def _check_paths(cfg: RunConfig, out: list[str]) -> None:
+    if cfg.model.path is not None:
+        p = Path(cfg.model.path).expanduser()
+        if not (p / "config.json").is_file() and cfg.model.hf_config is None:
+            out.append(f"model.path={cfg.model.path!r} has no config.json (missing or not an HF model "
+                       "directory); point it at a local save_pretrained directory, or set model.path=null "
+                       "to build the tiny model")
+    if cfg.data.task is None:
+        if not cfg.data.train_files:
+            out.append("data.task is null and data.train_files is empty: give parquet/jsonl files or a synthetic task")
+        for f in [*cfg.data.train_files, *cfg.data.val_files]:
+            if not Path(f).expanduser().is_file():
+                out.append(f"data file {f!r} does not exist")
+    if cfg.reward.function_path is not None and not Path(cfg.reward.function_path).expanduser().is_file():
+        out.append(f"reward.function_path={cfg.reward.function_path!r} does not exist; give the path of a "
+                   ".py file that defines reward.function_name")
+    resume = cfg.trainer.resume
+    if resume not in ("auto", "off") and not Path(resume).expanduser().is_dir():
+        out.append(f"trainer.resume={resume!r} is not 'auto', 'off' or an existing checkpoint directory")
+
+
+def validate(cfg: RunConfig) -> RunConfig:
+    """Raise ConfigError listing every problem; return cfg when it is sound."""
+    import_user_modules(cfg)
+    problems: list[str] = []
+    _check_algorithm(cfg, problems)
+    _check_layouts(cfg, problems)
+    _check_batches(cfg, problems)
+    if not cfg.trainer.dry_run:  # a dry run checks a cluster config on a machine without its files
+        _check_paths(cfg, problems)
+    if cfg.rollout.backend not in ("auto", "vllm", "hf"):
+        problems.append(f"rollout.backend={cfg.rollout.backend!r}: choose auto, vllm or hf")
+    if cfg.trainer.total_steps < 1:
+        problems.append(f"trainer.total_steps={cfg.trainer.total_steps} must be >= 1")
+    if problems:
+        raise ConfigError(problems)
+    return cfg

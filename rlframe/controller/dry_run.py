@@ -1,0 +1,117 @@
+"""`trainer.dry_run=true`: print placement, layouts, the resharding plan and a memory estimate.
+
+Runs on a laptop for any cluster config: it needs only the model's shapes (from `model.hf_config`,
+the `config.json` at `model.path`, or the tiny preset), never weights, GPUs or Ray.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from rlframe.config.schema import RunConfig
+from rlframe.config.validate import role_world_sizes
+from rlframe.resharding.formats import ModelDims, hf_param_shapes
+from rlframe.resharding.layout import Layout, hybridflow_generation_layout
+from rlframe.resharding.planner import ParamMeta, plan_reshard
+
+GiB = 1 << 30
+DEVICE_GIB = 80  # per-GPU memory the estimate is compared with
+
+
+def model_dims(cfg: RunConfig) -> ModelDims:
+    """Shapes of the actor model without loading weights."""
+    from types import SimpleNamespace
+
+    raw = cfg.model.hf_config
+    if raw is None and cfg.model.path is not None:
+        raw = json.loads((Path(cfg.model.path).expanduser() / "config.json").read_text())
+    if raw is None:
+        from rlframe.data.tiny_model import PRESETS
+        from rlframe.data.tokenizer import build_char_tokenizer
+
+        s = PRESETS[cfg.model.tiny_preset]
+        raw = {"num_hidden_layers": s.num_layers, "hidden_size": s.hidden_size, "num_attention_heads": s.num_heads,
+               "num_key_value_heads": s.num_kv_heads, "intermediate_size": s.intermediate_size,
+               "vocab_size": len(build_char_tokenizer()), "model_type": "qwen2"}
+    raw = {"num_key_value_heads": raw.get("num_attention_heads"), "model_type": "llama", **raw}
+    return ModelDims.from_hf_config(SimpleNamespace(**raw))
+
+
+def layouts(cfg: RunConfig) -> tuple[Layout, Layout, str]:
+    """Training layout of the actor, generation layout, and which scheme maps one to the other."""
+    a = cfg.actor
+    train = Layout(tp=a.tp, dp=a.dp, pp=a.pp, fsdp=a.strategy == "fsdp")
+    world = train.size
+    if not train.fsdp and a.tp % cfg.rollout.tp == 0 and a.pp >= 1:
+        return train, hybridflow_generation_layout(train, tp=cfg.rollout.tp, pp=1), "HybridFlow (micro-DP groups)"
+    return train, Layout(tp=cfg.rollout.tp, dp=world // cfg.rollout.tp), "general planner (box intersection)"
+
+
+def memory_estimate(cfg: RunConfig, n_params: int) -> list[tuple[str, float]]:
+    """Rough per-device GiB of each colocated part (weights, grads, optimizer; no activations)."""
+    a = cfg.actor
+    wbytes = 2 if cfg.resources.use_gpu else 4  # bf16 on GPU, fp32 on CPU
+    if a.strategy == "fsdp":
+        shard = a.dp * a.tp
+        train = n_params * (4 + 4 + 8) / shard  # fp32 master + grads + Adam moments, all sharded
+    else:
+        mp = a.tp * a.pp
+        train = n_params * (wbytes + 4) / mp + n_params * 12 / (mp * a.dp)  # distributed optimizer
+    rows = [("actor training state", train / GiB)]
+    if cfg.uses_ref:
+        rows.append(("reference weights", n_params * wbytes / (a.tp * a.pp * (a.dp if a.strategy == "fsdp" else 1)) / GiB))
+    if cfg.uses_critic:
+        rows.append(("critic training state", train / GiB))
+    rows.append(("rollout weights", n_params * wbytes / cfg.rollout.tp / GiB))
+    if cfg.resources.use_gpu:
+        rows.append(("vLLM KV cache (gpu_memory_utilization share)", cfg.rollout.gpu_memory_utilization * DEVICE_GIB))
+    return rows
+
+
+def describe_run(cfg: RunConfig) -> str:
+    dims = model_dims(cfg)
+    shapes = hf_param_shapes(dims)
+    n_params = sum(_numel(s) for s in shapes.values())
+    res = cfg.resources
+    sizes = role_world_sizes(cfg)
+    train, gen, scheme = layouts(cfg)
+    import torch
+
+    dtype = torch.bfloat16 if res.use_gpu else torch.float32
+    itemsize = dtype.itemsize
+    plan = plan_reshard({n: ParamMeta(s, dtype) for n, s in shapes.items()}, src=train, dst=gen,
+                        num_layers=dims.num_layers)
+    recv = [plan.bytes_received(r) for r in gen.ranks]
+    model_bytes = n_params * itemsize
+    lines = [
+        f"algorithm: {cfg.algorithm.name} (advantage estimator {cfg.algorithm.adv_estimator}, "
+        f"{cfg.algorithm.n_samples} sample(s) per prompt, critic {'on' if cfg.uses_critic else 'off'}, "
+        f"reference {'on' if cfg.uses_ref else 'off'})",
+        f"model: {n_params / 1e9:.3f}B parameters, {dims.num_layers} layers, hidden {dims.hidden_size}, "
+        f"heads {dims.num_heads}/{dims.num_kv_heads} kv, vocab {dims.vocab_size}",
+        f"placement: {res.placement} on {res.nodes} node(s) x {res.procs_per_node} "
+        f"{'GPU' if res.use_gpu else 'CPU'} process(es); group sizes {sizes}",
+        f"actor training: {cfg.actor.strategy} {train.describe()}",
+    ]
+    if cfg.uses_critic:
+        c = cfg.critic
+        lines.append(f"critic training: {c.strategy} pp={c.pp} tp={c.tp} dp={c.dp}")
+    lines += [
+        f"rollout: vLLM-style generation tp={gen.tp} x {gen.dp} replicas ({cfg.rollout.backend} backend)",
+        f"resharding ({scheme}): per rank receives max {max(recv) / GiB:.3f} GiB, mean "
+        f"{sum(recv) / len(recv) / GiB:.3f} GiB; gathering full tensors on every rank would receive "
+        f"{model_bytes / GiB:.3f} GiB per rank; {len(plan.transfers)} transfers",
+        f"memory estimate per device (GiB, no activations; {DEVICE_GIB} GiB device):",
+    ]
+    rows = memory_estimate(cfg, n_params)
+    lines += [f"  {name:<48} {gib:8.2f}" for name, gib in rows]
+    lines.append(f"  {'total (colocated)':<48} {sum(g for _, g in rows):8.2f}")
+    return "\n".join(lines)
+
+
+def _numel(shape) -> int:
+    n = 1
+    for s in shape:
+        n *= s
+    return n
