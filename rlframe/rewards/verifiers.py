@@ -1,0 +1,116 @@
+"""Rule-based verifiers: response string + ground truth -> score in [0, 1].
+
+- `exact_match`: the synthetic arithmetic task (the whole response, stripped, is the answer).
+- `gsm8k_score`: GSM8K-style final answers ("#### 42", or the last number in flexible mode).
+- `math_score`: competition-math answers compared symbolically with the `math-verify` package
+  (LaTeX/sympy parsing and equivalence are its job, not ours).
+- `countdown_score`: an arithmetic expression that uses the given numbers at most once each and
+  evaluates to the target, checked with `rlframe.rewards.safe_eval` (no `eval`).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+from rlframe.rewards.safe_eval import UnsafeExpression, evaluate_expression, number_literals
+
+_NUMBER = r"-?[\d,]*\.?\d+"
+
+
+def _normalize_number(text: str) -> str:
+    """'1,234.50' -> '1234.5'; keeps non-numbers as stripped text."""
+    text = text.replace(",", "").replace("$", "").strip()
+    try:
+        value = float(text)
+    except ValueError:
+        return text
+    return str(int(value)) if value.is_integer() else repr(value)
+
+
+def exact_match(solution_str: str, ground_truth: str, *, numeric: bool = True) -> float:
+    """1.0 if the stripped response equals the ground truth (numerically when both are numbers)."""
+    got, want = solution_str.strip(), str(ground_truth).strip()
+    if numeric:
+        got, want = _normalize_number(got), _normalize_number(want)
+    return float(got == want)
+
+
+def extract_gsm8k_answer(solution_str: str, *, method: str = "strict") -> str | None:
+    """The final answer of a GSM8K-style response, or None.
+
+    strict: the number after the last "####" (the GSM8K reference format).
+    flexible: the last number anywhere in the text that is not empty or a lone ".".
+    """
+    if method == "strict":
+        found = re.findall(r"####\s*(" + _NUMBER + ")", solution_str)
+        return _normalize_number(found[-1]) if found else None
+    if method == "flexible":
+        found = [m for m in re.findall(_NUMBER, solution_str) if m not in ("", ".")]
+        return _normalize_number(found[-1]) if found else None
+    raise ValueError(f"unknown GSM8K extraction method {method!r}; use 'strict' or 'flexible'")
+
+
+def gsm8k_score(solution_str: str, ground_truth: str, *, method: str = "strict", format_score: float = 0.0) -> float:
+    """1.0 for a correct final answer, `format_score` for a wrong but extractable one, else 0."""
+    answer = extract_gsm8k_answer(solution_str, method=method)
+    if answer is None:
+        return 0.0
+    truth = _normalize_number(str(ground_truth).split("####")[-1])
+    return 1.0 if answer == truth else format_score
+
+
+def math_score(solution_str: str, ground_truth: str) -> float:
+    """Symbolic equivalence of the response's final answer and the ground truth via math-verify.
+
+    The ground truth is wrapped in `$...$` when it has no delimiters so that LaTeX such as
+    `\\frac{1}{2}` parses; math-verify picks the answer out of the response (boxed first).
+    """
+    from math_verify import parse, verify
+
+    truth = str(ground_truth)
+    if "$" not in truth and "\\boxed" not in truth:
+        truth = f"${truth}$"
+    gold = parse(truth, parsing_timeout=None)
+    pred = parse(solution_str, parsing_timeout=None)
+    if not gold or not pred:
+        return 0.0
+    return float(verify(gold, pred, timeout_seconds=None))
+
+
+def parse_countdown_truth(ground_truth) -> tuple[int, list[int]]:
+    """(target, numbers) from a dict or JSON string {"target": int, "numbers": [int, ...]}."""
+    data = json.loads(ground_truth) if isinstance(ground_truth, str) else dict(ground_truth)
+    try:
+        return int(data["target"]), [int(n) for n in data["numbers"]]
+    except (KeyError, TypeError) as exc:
+        raise ValueError(
+            f"countdown ground truth must have 'target' and 'numbers' (got {ground_truth!r})"
+        ) from exc
+
+
+def extract_countdown_expression(solution_str: str) -> str:
+    """The expression of a response: inside <answer>...</answer> if present, else the first line."""
+    tagged = re.findall(r"<answer>(.*?)</answer>", solution_str, flags=re.S)
+    text = tagged[-1] if tagged else solution_str.strip().split("\n")[0]
+    return text.split("=")[0].strip()
+
+
+def countdown_score(solution_str: str, ground_truth, *, format_score: float = 0.0) -> float:
+    """1.0 if the expression uses each given number at most once and equals the target.
+
+    `format_score` is given to a well-formed expression that is wrong (0 by default).
+    """
+    target, numbers = parse_countdown_truth(ground_truth)
+    expr = extract_countdown_expression(solution_str)
+    try:
+        used = number_literals(expr)
+        value = evaluate_expression(expr)
+    except UnsafeExpression:
+        return 0.0
+    pool = list(numbers)
+    for n in used:
+        if n not in pool:
+            return format_score
+        pool.remove(n)
+    return 1.0 if abs(value - target) < 1e-9 else format_score

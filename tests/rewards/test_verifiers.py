@@ -1,0 +1,70 @@
+import json
+
+import pytest
+
+from rlframe.rewards.safe_eval import UnsafeExpression, evaluate_expression, number_literals
+from rlframe.rewards.verifiers import (
+    countdown_score,
+    exact_match,
+    extract_gsm8k_answer,
+    gsm8k_score,
+    math_score,
+)
+
+
+@pytest.mark.parametrize(
+    "response, truth, expected",
+    [("81", "81", 1.0), (" 81\n", "81", 1.0), ("81.0", "81", 1.0), ("1,234", "1234", 1.0),
+     ("82", "81", 0.0), ("81 apples", "81", 0.0), ("", "81", 0.0), ("abc", "abc", 1.0)],
+)
+def test_exact_match(response, truth, expected):
+    assert exact_match(response, truth) == expected
+
+
+def test_gsm8k_strict_and_flexible():
+    text = "She has 3 + 4 = 7 apples.\n#### 7"
+    assert extract_gsm8k_answer(text) == "7"
+    assert gsm8k_score(text, "Natalia sold 48/2 = 24 clips.\n#### 7") == 1.0
+    assert gsm8k_score("#### 1,200", "1200") == 1.0
+    assert gsm8k_score("the answer is 7", "7") == 0.0  # strict needs ####
+    assert gsm8k_score("the answer is 7", "7", method="flexible") == 1.0
+    assert gsm8k_score("#### 8", "7", format_score=0.1) == 0.1
+    assert extract_gsm8k_answer("first 3 then -2.5.", method="flexible") == "-2.5"
+    with pytest.raises(ValueError, match="strict"):
+        extract_gsm8k_answer("x", method="fuzzy")
+
+
+@pytest.mark.parametrize(
+    "response, truth, expected",
+    [("The answer is $\\boxed{\\frac{1}{2}}$", "\\frac{1}{2}", 1.0),
+     ("so $\\boxed{0.5}$", "\\frac{1}{2}", 1.0),
+     ("$\\boxed{\\sqrt{4}}$", "2", 1.0),
+     ("$\\boxed{3}$", "2", 0.0),
+     ("no answer here", "2", 0.0)],
+)
+def test_math_score_uses_symbolic_equivalence(response, truth, expected):
+    assert math_score(response, truth) == expected
+
+
+def test_safe_eval_accepts_arithmetic_only():
+    assert evaluate_expression("(3+5)*7") == 56
+    assert evaluate_expression("-2*3 - 1") == -7
+    assert evaluate_expression("7/2") == 3.5
+    assert number_literals("(3+5)*7") == [3, 5, 7]
+    for bad in ["__import__('os')", "2**100", "a+1", "1/0", "", "[1,2]", "3 if 1 else 2", "9" * 30]:
+        with pytest.raises(UnsafeExpression):
+            evaluate_expression(bad)
+
+
+def test_countdown_score():
+    gt = json.dumps({"target": 22, "numbers": [3, 5, 7]})
+    assert countdown_score("3*5+7", gt) == 1.0
+    assert countdown_score("<answer>7+3*5</answer>", gt) == 1.0
+    assert countdown_score("3*5+7 = 22", gt) == 1.0
+    assert countdown_score("3*5+7+0", gt) == 0.0  # 0 is not one of the numbers
+    assert countdown_score("5*5-3", gt) == 0.0  # 5 used twice
+    assert countdown_score("3*5+5", gt) == 0.0  # wrong value
+    assert countdown_score("__import__('os')", gt) == 0.0
+    assert countdown_score("3*5+7", {"target": 22, "numbers": [3, 5, 7]}) == 1.0
+    with pytest.raises(ValueError, match="target"):
+        countdown_score("1", json.dumps({"numbers": [1]}))
