@@ -99,7 +99,8 @@ def measure_pickle(rows: int, cols: int, repeats: int) -> list[tuple[str, str, f
         def in_band(obj=obj):
             pickle.loads(pickle.dumps(obj, protocol=5))
 
-        out.append(("(a) pickle p5, out-of-band buffers", name, median_seconds(out_of_band, repeats)))
+        out.append(("(a) pickle p5, out-of-band buffers", name,
+                    median_seconds(out_of_band, repeats)))
         out.append(("(a) pickle p5, in-band", name, median_seconds(in_band, repeats)))
     return out
 

@@ -354,7 +354,7 @@ class DataProto:
             raise ValueError(f"DataProto.pad_to_divisor: divisor must be a positive int, got {divisor!r}")
         pad_size = (-len(self)) % divisor
         if pad_size == 0:
-            return self, 0
+            return self, 0  # already divisible: `self`, not a copy
         pad = self.index(torch.arange(pad_size) % len(self))
         return DataProto.concat([self, pad]), pad_size
 
@@ -388,13 +388,17 @@ class DataProto:
     def to(self, device: str | torch.device) -> "DataProto":
         """A DataProto whose tensors are on `device` (non-tensors and meta_info are shared)."""
         batch = None if self.batch is None else self.batch.to(device)
-        return DataProto(batch=batch, non_tensor_batch=dict(self.non_tensor_batch), meta_info=dict(self.meta_info))
+        return DataProto(
+            batch=batch, non_tensor_batch=dict(self.non_tensor_batch), meta_info=dict(self.meta_info)
+        )
 
     def equals(self, other: "DataProto") -> bool:
         """Exact equality of keys, dtypes, shapes, values and meta_info (devices may differ)."""
         if not isinstance(other, DataProto) or len(self) != len(other):
             return False
-        if set(self.batch_keys) != set(other.batch_keys) or set(self.non_tensor_keys) != set(other.non_tensor_keys):
+        if set(self.batch_keys) != set(other.batch_keys):
+            return False
+        if set(self.non_tensor_keys) != set(other.non_tensor_keys):
             return False
         if any(not _tensors_equal(self.batch[k], other.batch[k]) for k in self.batch_keys):
             return False

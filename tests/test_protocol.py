@@ -57,6 +57,16 @@ def test_constructor_accepts_unbatched_tensordict():
         DataProto(batch=bad)
 
 
+def test_constructor_rejects_multi_dim_and_nested_tensordicts():
+    with pytest.raises(ValueError, match=r"batch has batch_size \[3, 2\]; it must be \[B\]"):
+        DataProto(batch=TensorDict({"a": torch.zeros(3, 2)}, batch_size=[3, 2]))
+    nested = TensorDict({"a": torch.zeros(3), "sub": TensorDict({"b": torch.zeros(3)}, [3])}, [3])
+    with pytest.raises(ValueError, match="batch field 'sub' is a TensorDict"):
+        DataProto(batch=nested)
+    with pytest.raises(ValueError, match="batch must be a tensordict.TensorDict, got dict"):
+        DataProto(batch={"a": torch.zeros(3)})
+
+
 def test_tensor_size_mismatch_names_keys_and_sizes():
     with pytest.raises(ValueError) as e:
         DataProto.from_dict(tensors={"input_ids": torch.zeros(8, 2), "responses": torch.zeros(6, 2)})
@@ -285,6 +295,9 @@ def test_iter_minibatches_order_shuffle_and_epochs():
         assert sorted(epoch[0] + epoch[1]) == list(range(B))  # each epoch is a permutation
     assert runs[0][:2] != runs[0][2:]  # each epoch draws its own permutation (fixed seed)
     assert runs[0][:2] != [[0, 1, 2], [3, 4, 5]]
+    assert list(dp.iter_minibatches(2, epochs=0)) == []
+    with pytest.raises(ValueError, match="size must be a positive int, got 0"):
+        next(dp.iter_minibatches(0))
 
 
 def test_to_device_returns_new():
@@ -324,6 +337,9 @@ def test_pickle_protocol5_is_out_of_band_and_exact():
     assert out.equals(dp) and out["bf16"].dtype == torch.bfloat16 and out["bool"].dtype == torch.bool
     assert all(out[k].dtype == dp[k].dtype for k in dp.batch_keys)
     assert pickle.loads(pickle.dumps(dp)).equals(dp)  # default protocol, in-band
+    for other in (DataProto.from_dict(non_tensors={"uid": ["a", "b"]}, meta_info={"k": 1}), DataProto()):
+        back = pickle.loads(pickle.dumps(other, protocol=5))
+        assert back.equals(other) and back.batch is None and back.meta_info == other.meta_info
 
 
 
