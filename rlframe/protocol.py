@@ -280,8 +280,13 @@ class DataProto:
         return DataProto(batch=batch, non_tensor_batch=nt, meta_info=meta)
 
     @staticmethod
-    def concat(parts: Sequence["DataProto"]) -> "DataProto":
-        """Rows of all parts in order. Parts need the same keys and equal meta_info."""
+    def concat(parts: Sequence["DataProto"], *, gather_meta_keys: Sequence[str] = ()) -> "DataProto":
+        """Rows of all parts in order. Parts need the same keys and equal meta_info.
+
+        `gather_meta_keys` names per-part values that are expected to differ (e.g. each rank's
+        `gen_time_s`): the result holds them as a list with one entry per part (None where a part
+        lacks the key) instead of raising.
+        """
         parts = list(parts)
         if not parts:
             raise ValueError("DataProto.concat: got an empty list; pass at least one DataProto")
@@ -294,7 +299,10 @@ class DataProto:
                         f"DataProto.concat: part {i} has {kind} keys {sorted(b)} but part 0 has "
                         f"{sorted(a)}; every part must carry the same fields"
                     )
-        meta = merge_meta("concat", [p.meta_info for p in parts], require_same_keys=True)
+        gathered = {k: [p.meta_info.get(k) for p in parts] for k in gather_meta_keys}
+        metas = [{k: v for k, v in p.meta_info.items() if k not in gathered} for p in parts]
+        meta = merge_meta("concat", metas, require_same_keys=True)
+        meta.update(gathered)
         total = sum(len(p) for p in parts)
         batch = None
         if first.batch_keys:
@@ -339,6 +347,11 @@ class DataProto:
             raise ValueError(
                 f"DataProto.reorder: expected {len(self)} int indices (a permutation), got "
                 f"{idx.numel()} of dtype {idx.dtype}; use dp[indices] to select a subset"
+            )
+        if not torch.equal(torch.sort(idx % max(len(self), 1)).values, torch.arange(len(self))):
+            raise ValueError(
+                f"DataProto.reorder: indices are not a permutation of range({len(self)}) (repeated "
+                "or out-of-range rows); use dp[indices] to select rows with repeats"
             )
         moved = self.index(idx)
         self.batch, self.non_tensor_batch = moved.batch, moved.non_tensor_batch

@@ -87,6 +87,7 @@ def values_equal(a: Any, b: Any) -> bool:
 def merge_meta(op: str, metas: list[dict[str, Any]], *, require_same_keys: bool) -> dict[str, Any]:
     """One meta_info from several; a key with different values (or missing from a part, when
     `require_same_keys`) is a ValueError naming the key."""
+    hint = "; or list it in gather_meta_keys to keep one value per part" if op == "concat" else ""
     merged: dict[str, Any] = {}
     for i, meta in enumerate(metas):
         if require_same_keys and i > 0 and set(meta) != set(metas[0]):
@@ -94,13 +95,13 @@ def merge_meta(op: str, metas: list[dict[str, Any]], *, require_same_keys: bool)
             raise ValueError(
                 f"DataProto.{op}: meta_info key(s) {diff} are in some parts but not others "
                 f"(part 0 has {sorted(metas[0])}, part {i} has {sorted(meta)}); "
-                "every part must carry the same meta_info"
+                f"every part must carry the same meta_info{hint}"
             )
         for key, value in meta.items():
             if key in merged and not values_equal(merged[key], value):
                 raise ValueError(
                     f"DataProto.{op}: meta_info {key!r} differs between parts "
-                    f"({merged[key]!r} vs {value!r}); make them agree or pop the key first"
+                    f"({merged[key]!r} vs {value!r}); make them agree or pop the key first{hint}"
                 )
             merged.setdefault(key, value)
     return merged

@@ -238,6 +238,16 @@ def test_concat_errors_name_the_key():
         DataProto.concat([])
 
 
+def test_concat_gathers_per_part_meta_keys():
+    a = make(2, meta={"temperature": 1.0, "gen_time_s": 0.5})
+    b = make(3, meta={"temperature": 1.0, "gen_time_s": 0.7})
+    with pytest.raises(ValueError, match=r"meta_info 'gen_time_s' differs.*gather_meta_keys"):
+        DataProto.concat([a, b])
+    out = DataProto.concat([a, b], gather_meta_keys=["gen_time_s", "absent"])
+    assert out.meta_info == {"temperature": 1.0, "gen_time_s": [0.5, 0.7], "absent": [None, None]}
+    assert rows_of(out) == [0, 1, 0, 1, 2]
+
+
 def test_chunk_indivisible_suggests_padding():
     with pytest.raises(ValueError, match=r"batch size 6 is not divisible by 4; call .*pad_to_divisor\(4\)"):
         make().chunk(4)
@@ -267,6 +277,11 @@ def test_reorder_is_in_place():
     assert rows_of(dp) == [3, 5, 1, 0, 2, 4]
     with pytest.raises(ValueError, match="expected 6 int indices"):
         dp.reorder([0, 1])
+    with pytest.raises(ValueError, match=r"not a permutation of range\(6\)"):
+        dp.reorder([0, 0, 1, 2, 3, 4])
+    with pytest.raises(ValueError, match=r"not a permutation of range\(6\)"):
+        dp.reorder([0, 1, 2, 3, 4, 9])
+    assert rows_of(dp) == [3, 5, 1, 0, 2, 4]  # a rejected reorder leaves the rows alone
 
 
 # --------------------------------------------------------------------------------- padding
