@@ -1,0 +1,198 @@
+"""Synthetic verifiable tasks, written as parquet in the verl layout.
+
+Two tasks, both with answers a rule can check (see `rlframe.rewards.verifiers`):
+
+- `arithmetic`: "23+58=" -> "81". Difficulty is the number of digits per operand and the set of
+  operators. Train and test are disjoint: the (a, op, b) problems are drawn without replacement
+  from one seeded permutation, so a held-out accuracy measures generalisation, not recall.
+- `countdown`: "3,5,7->22:" -> an expression such as "3*5+7" that uses each given number at most
+  once and evaluates to the target (TinyZero-style). Targets are built from a random expression
+  over the numbers, so every problem has at least one solution (stored in `extra_info`).
+
+Rows: `prompt` = [{"role": "user", "content": ...}], `data_source`, `ability`,
+`reward_model` = {"ground_truth": str, "style": "rule"}, `extra_info` = {"split", "index", ...}.
+Countdown's ground truth is a JSON string {"target": int, "numbers": [int, ...]}.
+
+Command: `python -m rlframe.data.synthetic --task arithmetic --out DIR [--digits 2 --ops +]`
+writes DIR/train.parquet and DIR/test.parquet. Everything is a function of `--seed`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+from dataclasses import dataclass
+from pathlib import Path
+
+TASKS = ("arithmetic", "countdown")
+_OPS = "+-*"
+
+
+@dataclass(frozen=True)
+class ArithmeticSpec:
+    """Difficulty knobs: operands have `min_digits..digits` digits; `ops` is a subset of "+-*"."""
+
+    digits: int = 2
+    min_digits: int = 1
+    ops: str = "+"
+    allow_negative: bool = False
+
+
+def _validate_arith(spec: ArithmeticSpec) -> None:
+    if not 1 <= spec.min_digits <= spec.digits <= 6:
+        raise ValueError(
+            f"arithmetic digits must satisfy 1 <= min_digits ({spec.min_digits}) <= digits "
+            f"({spec.digits}) <= 6; pick smaller numbers"
+        )
+    if not spec.ops or any(op not in _OPS for op in spec.ops):
+        raise ValueError(f"arithmetic ops {spec.ops!r} must be a non-empty subset of {_OPS!r}")
+
+
+def _operand(rng: random.Random, spec: ArithmeticSpec) -> int:
+    lo = 0 if spec.min_digits == 1 else 10 ** (spec.min_digits - 1)
+    return rng.randint(lo, 10**spec.digits - 1)
+
+
+def arithmetic_problems(n: int, *, spec: ArithmeticSpec, seed: int) -> list[tuple[str, str]]:
+    """`n` distinct (prompt, answer) pairs, e.g. ("23+58=", "81"), deterministic from `seed`."""
+    _validate_arith(spec)
+    rng = random.Random(seed)
+    seen: set[str] = set()
+    out: list[tuple[str, str]] = []
+    # Rejection sampling; the cap guards against asking for more problems than exist.
+    for _ in range(50 * n + 1000):
+        if len(out) == n:
+            break
+        a, b, op = _operand(rng, spec), _operand(rng, spec), rng.choice(spec.ops)
+        if op == "-" and not spec.allow_negative and a < b:
+            a, b = b, a
+        prompt = f"{a}{op}{b}="
+        if prompt in seen:
+            continue
+        seen.add(prompt)
+        out.append((prompt, str(eval_binary(a, op, b))))
+    if len(out) < n:
+        raise ValueError(
+            f"asked for {n} distinct arithmetic problems but only {len(out)} exist with "
+            f"digits={spec.digits}, ops={spec.ops!r}; raise --digits or lower --num-train/--num-test"
+        )
+    return out
+
+
+def eval_binary(a: int, op: str, b: int) -> int:
+    return a + b if op == "+" else a - b if op == "-" else a * b
+
+
+def countdown_problem(rng: random.Random, *, count: int, max_number: int) -> tuple[list[int], int, str]:
+    """Numbers, a reachable positive target and one solution expression (no division)."""
+    while True:
+        nums = [rng.randint(1, max_number) for _ in range(count)]
+        order = rng.sample(nums, k=len(nums))
+        expr, value = str(order[0]), order[0]
+        for x in order[1:]:
+            op = rng.choice("+-*")
+            # Left-to-right with precedence made explicit, so the stored solution evaluates as written.
+            expr = f"({expr}){op}{x}" if op == "*" and ("+" in expr or "-" in expr) else f"{expr}{op}{x}"
+            value = eval_binary(value, op, x)
+        if 0 < value <= 10 * max_number:
+            return nums, value, expr
+
+
+def _row(prompt: str, answer_gt: str, *, source: str, split: str, index: int, extra: dict) -> dict:
+    return {
+        "prompt": [{"role": "user", "content": prompt}],
+        "data_source": source,
+        "ability": "math",
+        "reward_model": {"ground_truth": answer_gt, "style": "rule"},
+        "extra_info": {"split": split, "index": index, **extra},
+    }
+
+
+def arithmetic_rows(*, num_train: int, num_test: int, spec: ArithmeticSpec, seed: int) -> dict[str, list[dict]]:
+    """Disjoint train/test rows for the arithmetic task."""
+    problems = arithmetic_problems(num_train + num_test, spec=spec, seed=seed)
+    splits = {"train": problems[:num_train], "test": problems[num_train:]}
+    return {
+        split: [
+            _row(p, a, source="arithmetic", split=split, index=i, extra={"answer": a})
+            for i, (p, a) in enumerate(items)
+        ]
+        for split, items in splits.items()
+    }
+
+
+def countdown_rows(
+    *, num_train: int, num_test: int, seed: int, count: int = 3, max_number: int = 9
+) -> dict[str, list[dict]]:
+    """Disjoint train/test rows for countdown (prompts deduplicated across splits)."""
+    if count < 2 or max_number < 1:
+        raise ValueError(f"countdown needs count >= 2 numbers (got {count}) and max_number >= 1 (got {max_number})")
+    rng = random.Random(seed)
+    seen: set[str] = set()
+    problems = []
+    for _ in range(50 * (num_train + num_test) + 1000):
+        if len(problems) == num_train + num_test:
+            break
+        nums, target, expr = countdown_problem(rng, count=count, max_number=max_number)
+        prompt = ",".join(map(str, nums)) + f"->{target}:"
+        if prompt not in seen:
+            seen.add(prompt)
+            problems.append((prompt, nums, target, expr))
+    if len(problems) < num_train + num_test:
+        raise ValueError(f"only {len(problems)} distinct countdown problems exist; raise --max-number or --count")
+    out: dict[str, list[dict]] = {"train": [], "test": []}
+    for i, (prompt, nums, target, expr) in enumerate(problems):
+        split = "train" if i < num_train else "test"
+        gt = json.dumps({"target": target, "numbers": nums})
+        out[split].append(
+            _row(prompt, gt, source="countdown", split=split, index=len(out[split]), extra={"solution": expr})
+        )
+    return out
+
+
+def write_parquet(rows: list[dict], path: str | Path) -> Path:
+    """Write rows (verl layout) to a parquet file; nested fields become parquet structs/lists."""
+    import pandas as pd
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pd.DataFrame(rows).to_parquet(path, index=False)
+    return path
+
+
+def _parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m rlframe.data.synthetic", description=__doc__.split("\n")[0])
+    p.add_argument("--task", choices=TASKS, required=True)
+    p.add_argument("--out", required=True, help="directory for train.parquet and test.parquet")
+    p.add_argument("--num-train", type=int, default=5000)
+    p.add_argument("--num-test", type=int, default=500)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--digits", type=int, default=2, help="arithmetic: max digits per operand")
+    p.add_argument("--min-digits", type=int, default=1, help="arithmetic: min digits per operand")
+    p.add_argument("--ops", default="+", help="arithmetic: operators, subset of '+-*'")
+    p.add_argument("--count", type=int, default=3, help="countdown: how many numbers")
+    p.add_argument("--max-number", type=int, default=9, help="countdown: numbers are 1..max")
+    return p.parse_args(argv)
+
+
+def generate(args: argparse.Namespace) -> dict[str, list[dict]]:
+    if args.task == "arithmetic":
+        spec = ArithmeticSpec(digits=args.digits, min_digits=args.min_digits, ops=args.ops)
+        return arithmetic_rows(num_train=args.num_train, num_test=args.num_test, spec=spec, seed=args.seed)
+    return countdown_rows(
+        num_train=args.num_train, num_test=args.num_test, seed=args.seed, count=args.count, max_number=args.max_number
+    )
+
+
+def main(argv: list[str] | None = None) -> dict[str, Path]:
+    args = _parse_args(argv)
+    rows = generate(args)
+    paths = {split: write_parquet(r, Path(args.out) / f"{split}.parquet") for split, r in rows.items()}
+    for split, path in paths.items():
+        print(f"{args.task}: wrote {len(rows[split])} {split} rows to {path}")
+    return paths
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,49 @@
+import json
+
+import pyarrow.parquet as pq
+import pytest
+
+from rlframe.data.synthetic import ArithmeticSpec, arithmetic_rows, countdown_rows, main
+from rlframe.rewards.registry import default_compute_score
+
+
+def test_arithmetic_is_deterministic_disjoint_and_verifies():
+    spec = ArithmeticSpec(digits=2, ops="+-*")
+    a = arithmetic_rows(num_train=300, num_test=50, spec=spec, seed=3)
+    b = arithmetic_rows(num_train=300, num_test=50, spec=spec, seed=3)
+    c = arithmetic_rows(num_train=300, num_test=50, spec=spec, seed=4)
+    assert a == b and a != c
+    train = {r["prompt"][0]["content"] for r in a["train"]}
+    test = {r["prompt"][0]["content"] for r in a["test"]}
+    assert len(train) == 300 and len(test) == 50 and not train & test
+    for row in a["train"] + a["test"]:
+        prompt, gt = row["prompt"][0]["content"], row["reward_model"]["ground_truth"]
+        x, op, y = next((prompt[:i], prompt[i], prompt[i + 1 : -1]) for i in range(1, len(prompt)) if prompt[i] in "+-*")
+        assert int(gt) == {"+": int(x) + int(y), "-": int(x) - int(y), "*": int(x) * int(y)}[op]
+        assert int(gt) >= 0  # no negatives unless asked for
+        assert default_compute_score(row["data_source"], gt, gt) == 1.0
+
+
+def test_arithmetic_rejects_impossible_requests():
+    with pytest.raises(ValueError, match="only 100 exist"):
+        arithmetic_rows(num_train=150, num_test=0, spec=ArithmeticSpec(digits=1), seed=0)
+    with pytest.raises(ValueError, match="subset"):
+        arithmetic_rows(num_train=1, num_test=1, spec=ArithmeticSpec(ops="/"), seed=0)
+
+
+def test_countdown_every_stored_solution_verifies():
+    rows = countdown_rows(num_train=200, num_test=40, seed=1, count=3, max_number=9)
+    assert rows == countdown_rows(num_train=200, num_test=40, seed=1, count=3, max_number=9)
+    for row in rows["train"] + rows["test"]:
+        gt = row["reward_model"]["ground_truth"]
+        assert default_compute_score("countdown", row["extra_info"]["solution"], gt) == 1.0
+        assert row["prompt"][0]["content"].endswith(f"->{json.loads(gt)['target']}:")
+
+
+def test_command_writes_parquet_splits(tmp_path, capsys):
+    paths = main(["--task", "countdown", "--out", str(tmp_path), "--num-train", "30", "--num-test", "10", "--seed", "2"])
+    assert "wrote 30 train rows" in capsys.readouterr().out
+    train = pq.read_table(paths["train"]).to_pylist()
+    assert len(train) == 30 and len(pq.read_table(paths["test"]).to_pylist()) == 10
+    assert train[0]["reward_model"]["style"] == "rule"
+    assert train[0]["prompt"][0]["role"] == "user"
