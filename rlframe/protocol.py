@@ -1,6 +1,6 @@
 """DataProto: the one batch type that crosses process boundaries.
 
-In rlframe's dataflow (DESIGN.md section 2) the driver holds one DataProto per training step and
+In rlframe's dataflow (the design card's PPO loop) the driver holds one DataProto per step and
 passes it through the worker groups: the prompt batch from the dataloader, `union`-ed with the
 rollout's responses, then with rewards, reference/old log-probs, values and advantages. A worker
 group splits it over its data-parallel ranks (`chunk`), every rank computes on its part, and the
