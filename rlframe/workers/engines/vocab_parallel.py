@@ -26,7 +26,7 @@ def _all_reduce(t: torch.Tensor, group, op=dist.ReduceOp.SUM) -> torch.Tensor:
 class _VocabParallelLogProb(torch.autograd.Function):
     @staticmethod
     def forward(ctx, logits, labels, vocab_start, group, with_entropy):
-        z = logits.float()
+        z = logits.float() if logits.element_size() < 4 else logits  # bf16/fp16 -> fp32; keep fp64
         vl = z.shape[-1]
         zmax = _all_reduce(z.max(dim=-1).values, group, dist.ReduceOp.MAX)
         z = z - zmax.unsqueeze(-1)  # shift-invariant; keeps exp() finite
@@ -66,7 +66,7 @@ def vocab_parallel_log_probs(
     """log p(labels) (N,) and entropy (N,) or None, from this rank's logit slice (N, V_local).
 
     `labels` (N,) are global vocab ids; `group` is the tensor-parallel group (None: whole vocab here).
-    Computed in fp32 whatever the logits dtype.
+    Computed in fp32 when the logits are bf16/fp16.
     """
     assert logits.dim() == 2 and labels.shape == logits.shape[:1], (logits.shape, labels.shape)
     log_prob, entropy = _VocabParallelLogProb.apply(logits, labels, vocab_start, group, with_entropy)

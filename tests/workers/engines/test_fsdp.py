@@ -2,8 +2,9 @@
 
 One spawn runs every layout (dp1-tp1, dp2-tp1, dp1-tp2, dp2-tp2) side by side: a ("rep", "dp", "tp")
 mesh of 4 ranks gives each layout its own ("dp", "tp") sub-mesh, and every rank compares its
-engine with plain transformers + torch.optim.AdamW on the whole batch. A second pair of spawns
-trains, saves, reloads in fresh processes, continues and exports to HF.
+engine with plain transformers + torch.optim.AdamW on the whole batch; the same spawn then trains
+dp2-tp2 engines, saves checkpoints and exports to HF. A second spawn (fresh processes, fresh
+process group, same layout) reloads and continues.
 
 Tolerance 1e-5 (fp32). AdamW uses eps=1e-6: the first Adam step moves every weight by about
 lr * g / (|g| + eps), which for gradients near zero amplifies last-bit differences in g by up to
@@ -147,7 +148,7 @@ def _invariants(path, world, batch, ref, errors):
     errors["inv/nonfinite/weights_unchanged"] = _state_diff(engine.full_state_dict(), before)
 
 
-def _all_layouts(rank, world, paths):
+def _all_layouts(rank, world, paths, out_dir):
     from rlframe.workers.engines import TrainEngineConfig, get_train_engine
 
     batch = make_batch()
@@ -168,13 +169,21 @@ def _all_layouts(rank, world, paths):
         errors["bad_layout_raised"] = 1.0
     except ValueError as e:
         errors["bad_layout_raised"] = 0.0 if "dp(3) * tp(1) = 3 != WORLD_SIZE(4)" in str(e) else 1.0
-    return errors
+    return {"errors": errors, "saved": _train_and_save(rank, world, paths["qwen2"], out_dir)}
 
 
-def test_layouts_match_single_process(models):
-    results = run_distributed(_all_layouts, world_size=4, args=(models,), timeout_s=240)
+@pytest.fixture(scope="module")
+def first_run(models, tmp_path_factory):
+    """One 4-rank spawn: every layout check, then train/save/export on dp2-tp2 (kept for reloading)."""
+    out_dir = tmp_path_factory.mktemp("engine_ckpt")
+    results = run_distributed(_all_layouts, world_size=4, args=(models, str(out_dir)), timeout_s=400)
+    return results, out_dir
+
+
+def test_layouts_match_single_process(first_run):
+    results, _ = first_run
     worst: dict[str, float] = {}
-    for errs in results:
+    for errs in (r["errors"] for r in results):
         for k, v in errs.items():
             worst[k] = max(worst.get(k, 0.0), v)
     assert len([k for k in worst if k.endswith("/new_weights")]) >= 13, sorted(worst)
@@ -230,11 +239,12 @@ def _load_and_continue(rank, world, path, out_dir):
     return out
 
 
-def test_train_save_load_continue_and_export(models, tmp_path):
-    path = models["qwen2"]
-    saved = run_distributed(_train_and_save, world_size=4, args=(path, str(tmp_path)), timeout_s=240)
+def test_train_save_load_continue_and_export(models, first_run):
+    results, tmp_path = first_run
+    saved = [r["saved"] for r in results]
     assert not list(tmp_path.glob("*.tmp")) and not list(tmp_path.glob("*.old"))
-    loaded = run_distributed(_load_and_continue, world_size=4, args=(path, str(tmp_path)), timeout_s=240)
+    # Fresh processes and a fresh process group with the same layout.
+    loaded = run_distributed(_load_and_continue, world_size=4, args=(models["qwen2"], str(tmp_path)), timeout_s=300)
     for s, l in zip(saved, loaded):
         for head in ("lm", "value"):
             assert abs(s[head]["next_loss"] - l[head]["first_loss"]) < 1e-6, (head, s[head], l[head])

@@ -1,0 +1,49 @@
+"""Engine registry, config validation and early layout checks (no processes needed)."""
+
+import pytest
+
+from rlframe.workers.engines import TrainEngine, TrainEngineConfig, get_train_engine, register_train_engine
+from rlframe.workers.engines.base import as_tensor_dict
+from rlframe.workers.engines.parallelize import check_model_fits
+
+
+def test_registry_returns_the_fsdp_backend_and_names_the_choices():
+    cls = get_train_engine("fsdp")
+    assert issubclass(cls, TrainEngine) and cls.__name__ == "FSDPTrainEngine"
+    with pytest.raises(ValueError, match=r"unknown training engine 'jax'; available: \['fsdp'"):
+        get_train_engine("jax")
+    with pytest.raises(ValueError, match="package.module:ClassName"):
+        register_train_engine("bad", "no_colon")
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"head": "reward"}, "engine head 'reward' is unknown"),
+    ({"tp": 0}, r"dp \(1\) and tp \(0\) must be >= 1"),
+    ({"lr_schedule": "cosine", "total_steps": 5, "warmup_steps": 5}, r"total_steps \(5\) > warmup_steps \(5\)"),
+    ({"max_tokens_per_micro_batch": 0}, "max_tokens_per_micro_batch must be >= 1"),
+    ({"grad_clip": -1.0}, "grad_clip must be > 0 or None"),
+])
+def test_config_errors(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        TrainEngineConfig(model_path="x", **kwargs)
+
+
+def test_model_that_does_not_split_over_tp_fails_with_the_arithmetic():
+    from rlframe.data.tiny_model import PRESETS, make_config
+    from rlframe.data.tokenizer import build_char_tokenizer
+
+    cfg = make_config(PRESETS["test"], build_char_tokenizer())  # 4 heads, 2 kv heads, vocab 100
+    check_model_fits(cfg, tp=2, model_type_path="test")
+    with pytest.raises(ValueError, match=r"num_attention_heads=4 % tp\(3\) = 1.*num_key_value_heads=2 % tp\(3\) = 2"):
+        check_model_fits(cfg, tp=3, model_type_path="test")
+    with pytest.raises(ValueError, match=r"num_key_value_heads=2 % tp\(4\) = 2"):
+        check_model_fits(cfg, tp=4, model_type_path="test")
+
+
+def test_batches_as_dicts_or_objects_with_a_batch_attribute():
+    class Proto:
+        batch = {"input_ids": 1}
+
+    assert as_tensor_dict(Proto()) == {"input_ids": 1}
+    with pytest.raises(ValueError, match="dict of tensors or have a `.batch` TensorDict"):
+        as_tensor_dict([1, 2])
