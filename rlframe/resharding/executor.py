@@ -8,8 +8,8 @@ Dataflow per bucket (every rank runs the same loop over the same buckets):
    `dist.batch_isend_irecv` (gloo on CPU, NCCL on GPU);
 3. stream: the consumer gets `(name, Box, tensor)` pieces for this rank, in global coordinates:
    received pieces are views into the receive buffers, reused pieces are views of the local training
-   shard itself (no second copy). The buffers are dropped before the next bucket, so the extra memory
-   held is at most one bucket.
+   shard itself (no second copy). All buffers are carved from one arena, sized for this rank's
+   largest bucket and reused by every bucket, so the extra memory held is at most one bucket.
 
 The executor measures its own accounting (`ReshardStats`): payload bytes sent/received, bytes reused
 in place, peak extra bytes held in buffers, buckets and wall time.
@@ -69,8 +69,8 @@ def _typed(buf: torch.Tensor, off: int, n: int, plan: Plan, p: Transfer) -> torc
     return buf[off:off + n].view(plan.params[p.name].dtype).view(p.box.sizes)
 
 
-def _run_bucket(bucket: list[Transfer], plan: Plan, local, rank: int, device, group,
-                stats: ReshardStats) -> list[Piece]:
+def _split_bucket(bucket: list[Transfer], rank: int) -> tuple[dict, dict]:
+    """This rank's remote pieces of a bucket, by peer: (sends {dst: pieces}, recvs {src: pieces})."""
     sends: dict[int, list[Transfer]] = {}
     recvs: dict[int, list[Transfer]] = {}
     for p in bucket:
@@ -80,20 +80,36 @@ def _run_bucket(bucket: list[Transfer], plan: Plan, local, rank: int, device, gr
             sends.setdefault(p.dst, []).append(p)
         if p.dst == rank:
             recvs.setdefault(p.src, []).append(p)
-    # P2POp takes the peer's global rank, which is what plans are written in.
-    ops, held, recv_views = [], 0, {}
+    return sends, recvs
+
+
+def _arena_bytes(buckets: list[list[Transfer]], plan: Plan, rank: int) -> int:
+    """Largest send + receive buffer space this rank needs in any one bucket."""
+    most = 0
+    for bucket in buckets:
+        sends, recvs = _split_bucket(bucket, rank)
+        most = max(most, sum(_layout(ps, plan)[1] for ps in (*sends.values(), *recvs.values())))
+    return most
+
+
+def _run_bucket(bucket: list[Transfer], plan: Plan, local, rank: int, arena: torch.Tensor, group,
+                stats: ReshardStats) -> list[Piece]:
+    sends, recvs = _split_bucket(bucket, rank)
+    # P2POp takes the peer's global rank, which is what plans are written in. All buffers of a
+    # bucket are carved from one arena allocated once: no page faults or allocator churn per bucket.
+    ops, used, recv_views = [], 0, {}
     for peer in sorted(sends):
         placed, total = _layout(sends[peer], plan)
-        buf = torch.empty(total, dtype=torch.uint8, device=device)
-        held += total
+        buf = arena[used:used + total]
+        used += total
         for p, off, n in placed:
             _typed(buf, off, n, plan, p).copy_(_local_view(plan, local, p.name, p.box, rank))
             stats.bytes_sent += n
         ops.append(dist.P2POp(dist.isend, buf, peer, group))
     for peer in sorted(recvs):
         placed, total = _layout(recvs[peer], plan)
-        buf = torch.empty(total, dtype=torch.uint8, device=device)
-        held += total
+        buf = arena[used:used + total]
+        used += total
         for p, off, n in placed:
             recv_views[id(p)] = _typed(buf, off, n, plan, p)
             stats.bytes_received += n
@@ -102,7 +118,6 @@ def _run_bucket(bucket: list[Transfer], plan: Plan, local, rank: int, device, gr
         for req in dist.batch_isend_irecv(ops):
             req.wait()
     stats.num_messages += len(ops)
-    stats.peak_extra_bytes = max(stats.peak_extra_bytes, held)
     out = []
     for p in bucket:
         if p.dst != rank:
@@ -137,12 +152,17 @@ def execute_plan(plan: Plan, *, local: Mapping[str, torch.Tensor], consumer: Con
     t0 = time.perf_counter()
     buckets = make_buckets(plan, bucket_bytes=bucket_bytes)
     stats.num_buckets = len(buckets)
+    arena = torch.empty(_arena_bytes(buckets, plan, rank), dtype=torch.uint8, device=device)
+    # The arena is the only extra memory the executor allocates; reused pieces alias the local shards.
+    stats.peak_extra_bytes = arena.numel()
+    assert stats.peak_extra_bytes <= bucket_bytes, (stats.peak_extra_bytes, bucket_bytes)
     for bucket in buckets:
         if not any(rank in (p.src, p.dst) for p in bucket):
             continue
-        pieces = _run_bucket(bucket, plan, local, rank, device, group, stats)
+        pieces = _run_bucket(bucket, plan, local, rank, arena, group, stats)
         if pieces:
             consumer(pieces)
+    del arena
     stats.time_s = time.perf_counter() - t0
     return stats
 
