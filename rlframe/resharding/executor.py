@@ -2,10 +2,11 @@
 
 Dataflow per bucket (every rank runs the same loop over the same buckets):
 
-1. pack: the pieces this rank sends to peer q are copied into one flat byte buffer per peer
-   (a piece is usually a strided slice of the local shard, so one copy is unavoidable);
-2. move: one isend per destination peer and one irecv per source peer, issued together with
-   `dist.batch_isend_irecv` (gloo on CPU, NCCL on GPU);
+1. pack: pieces that are one contiguous run of the local shard (dim-0 slices: FSDP shards,
+   column-parallel splits) are sent straight from it; the strided ones (row-parallel column blocks)
+   for peer q are copied into one flat byte buffer per peer;
+2. move: all isends and irecvs of the bucket are issued together with `dist.batch_isend_irecv`
+   (gloo on CPU, NCCL on GPU);
 3. stream: the consumer gets `(name, Box, tensor)` pieces for this rank, in global coordinates:
    received pieces are views into the receive buffers, reused pieces are views of the local training
    shard itself (no second copy). All buffers are carved from one arena, sized for this rank's
@@ -37,6 +38,7 @@ class ReshardStats:
 
     rank: int
     bytes_sent: int = 0
+    bytes_sent_zero_copy: int = 0  # part of bytes_sent that went straight from the shard, unpacked
     bytes_received: int = 0
     bytes_reused: int = 0
     peak_extra_bytes: int = 0
@@ -83,37 +85,86 @@ def _split_bucket(bucket: list[Transfer], rank: int) -> tuple[dict, dict]:
     return sends, recvs
 
 
-def _arena_bytes(buckets: list[list[Transfer]], plan: Plan, rank: int) -> int:
-    """Largest send + receive buffer space this rank needs in any one bucket."""
+def _contiguous_at_source(plan: Plan, p: Transfer) -> bool:
+    """Whether piece `p` is one contiguous run of its sender's (row-major, contiguous) local shard.
+
+    Such pieces are sent straight from the shard with no packing copy. Both sides decide this from
+    the plan alone, so sender and receiver agree on the messages without talking.
+    """
+    held = plan.src_boxes[(p.name, p.src)]
+    rel = p.box.relative_to(held)
+    partial = [d for d in range(len(held.sizes)) if rel.sizes[d] != held.sizes[d]]
+    return not partial or all(rel.sizes[d] == 1 for d in range(partial[-1]))
+
+
+def _direct(plan: Plan, p: Transfer, min_bytes: int) -> bool:
+    """Send `p` straight from the shard: contiguous there and large enough to be worth a message."""
+    return p.box.numel * plan.params[p.name].itemsize >= min_bytes and _contiguous_at_source(plan, p)
+
+
+def _messages(pieces: list[Transfer], plan: Plan, min_bytes: int) -> list[list[Transfer]]:
+    """One peer's pieces as messages: first all packed pieces together, then one per direct piece
+    (sent zero-copy). Sender and receiver post them in this same order."""
+    packed = [p for p in pieces if not _direct(plan, p, min_bytes)]
+    return ([packed] if packed else []) + [[p] for p in pieces if _direct(plan, p, min_bytes)]
+
+
+def _arena_bytes(buckets: list[list[Transfer]], plan: Plan, rank: int, min_bytes: int) -> int:
+    """Largest buffer space this rank needs in any one bucket (packed sends + all receives)."""
     most = 0
     for bucket in buckets:
         sends, recvs = _split_bucket(bucket, rank)
-        most = max(most, sum(_layout(ps, plan)[1] for ps in (*sends.values(), *recvs.values())))
+        n = sum(_layout(m, plan)[1] for ps in sends.values() for m in _messages(ps, plan, min_bytes)
+                if not _direct(plan, m[0], min_bytes))
+        n += sum(_layout(ps, plan)[1] for ps in recvs.values())
+        most = max(most, n)
     return most
 
 
-def _run_bucket(bucket: list[Transfer], plan: Plan, local, rank: int, arena: torch.Tensor, group,
-                stats: ReshardStats) -> list[Piece]:
-    sends, recvs = _split_bucket(bucket, rank)
-    # P2POp takes the peer's global rank, which is what plans are written in. All buffers of a
-    # bucket are carved from one arena allocated once: no page faults or allocator churn per bucket.
-    ops, used, recv_views = [], 0, {}
+def _post_sends(sends, plan, local, rank, arena, used, group, stats, min_bytes) -> tuple[list, int]:
+    ops = []
     for peer in sorted(sends):
-        placed, total = _layout(sends[peer], plan)
-        buf = arena[used:used + total]
-        used += total
-        for p, off, n in placed:
-            _typed(buf, off, n, plan, p).copy_(_local_view(plan, local, p.name, p.box, rank))
-            stats.bytes_sent += n
-        ops.append(dist.P2POp(dist.isend, buf, peer, group))
+        for msg in _messages(sends[peer], plan, min_bytes):
+            if _direct(plan, msg[0], min_bytes):
+                buf = _local_view(plan, local, msg[0].name, msg[0].box, rank).reshape(-1).view(torch.uint8)
+                stats.bytes_sent_zero_copy += buf.numel()
+            else:
+                placed, total = _layout(msg, plan)
+                buf = arena[used:used + total]
+                used += total
+                for p, off, n in placed:
+                    _typed(buf, off, n, plan, p).copy_(_local_view(plan, local, p.name, p.box, rank))
+            stats.bytes_sent += sum(p.box.numel * plan.params[p.name].itemsize for p in msg)
+            # P2POp takes the peer's global rank, which is what plans are written in.
+            ops.append(dist.P2POp(dist.isend, buf, peer, group))
+    return ops, used
+
+
+def _post_recvs(recvs, plan, arena, used, group, stats, views, min_bytes) -> list:
+    ops = []
     for peer in sorted(recvs):
-        placed, total = _layout(recvs[peer], plan)
-        buf = arena[used:used + total]
-        used += total
-        for p, off, n in placed:
-            recv_views[id(p)] = _typed(buf, off, n, plan, p)
-            stats.bytes_received += n
-        ops.append(dist.P2POp(dist.irecv, buf, peer, group))
+        for msg in _messages(recvs[peer], plan, min_bytes):
+            placed, total = _layout(msg, plan)
+            buf = arena[used:used + total]
+            used += total
+            for p, off, n in placed:
+                views[id(p)] = _typed(buf, off, n, plan, p)
+                stats.bytes_received += n
+            # A zero-copy send carries no alignment padding: receive exactly its bytes.
+            if _direct(plan, msg[0], min_bytes):
+                buf = buf[:placed[0][2]]
+            ops.append(dist.P2POp(dist.irecv, buf, peer, group))
+    return ops
+
+
+def _run_bucket(bucket: list[Transfer], plan: Plan, local, rank: int, arena: torch.Tensor, group,
+                stats: ReshardStats, min_bytes: int) -> list[Piece]:
+    # All buffers of a bucket are carved from one arena allocated once: no allocation or page
+    # faults per bucket, and the arena's size is the executor's whole extra memory.
+    sends, recvs = _split_bucket(bucket, rank)
+    views: dict[int, torch.Tensor] = {}
+    ops, used = _post_sends(sends, plan, local, rank, arena, 0, group, stats, min_bytes)
+    ops += _post_recvs(recvs, plan, arena, used, group, stats, views, min_bytes)
     if ops:
         for req in dist.batch_isend_irecv(ops):
             req.wait()
@@ -126,12 +177,13 @@ def _run_bucket(bucket: list[Transfer], plan: Plan, local, rank: int, arena: tor
             out.append((p.name, p.box, _local_view(plan, local, p.name, p.box, rank)))
             stats.bytes_reused += p.box.numel * plan.params[p.name].itemsize
         else:
-            out.append((p.name, p.box, recv_views[id(p)]))
+            out.append((p.name, p.box, views[id(p)]))
     return out
 
 
 def execute_plan(plan: Plan, *, local: Mapping[str, torch.Tensor], consumer: Consumer,
-                 bucket_bytes: int = 256 << 20, group=None, device: torch.device | str | None = None) -> ReshardStats:
+                 bucket_bytes: int = 256 << 20, zero_copy_min_bytes: int = 1 << 20, group=None,
+                 device: torch.device | str | None = None) -> ReshardStats:
     """Run `plan` on this rank; stream each bucket's pieces into `consumer`; return measured stats.
 
     local: {name: tensor} of this rank's source shards, shaped as `plan.src_boxes[(name, rank)]`
@@ -140,6 +192,8 @@ def execute_plan(plan: Plan, *, local: Mapping[str, torch.Tensor], consumer: Con
         `box` is in global coordinates, `tensor` has shape `box.sizes`. Tensors are views into
         buffers reused after the call returns: copy what you keep.
     bucket_bytes: bound on the bytes a rank sends plus receives per bucket (the extra memory held).
+    zero_copy_min_bytes: contiguous pieces at least this large are sent straight from the shard as
+        their own message; smaller ones are packed with the others for that peer (fewer messages).
     All ranks of `plan.ranks` must call this with the same plan and bucket_bytes.
     """
     rank = dist.get_rank()
@@ -148,18 +202,22 @@ def execute_plan(plan: Plan, *, local: Mapping[str, torch.Tensor], consumer: Con
     missing = [n for (n, r) in plan.src_boxes if r == rank and n not in local]
     if missing:
         raise ValueError(f"rank {rank} holds {len(missing)} source shards it did not pass in `local`, e.g. {missing[:3]}")
+    strided = [n for (n, r) in plan.src_boxes if r == rank and not local[n].is_contiguous()]
+    if strided:
+        raise ValueError(f"local shards must be contiguous (pieces are sent straight from them); "
+                         f"call .contiguous() on {strided[:3]}")
     stats = ReshardStats(rank=rank)
     t0 = time.perf_counter()
     buckets = make_buckets(plan, bucket_bytes=bucket_bytes)
     stats.num_buckets = len(buckets)
-    arena = torch.empty(_arena_bytes(buckets, plan, rank), dtype=torch.uint8, device=device)
+    arena = torch.empty(_arena_bytes(buckets, plan, rank, zero_copy_min_bytes), dtype=torch.uint8, device=device)
     # The arena is the only extra memory the executor allocates; reused pieces alias the local shards.
     stats.peak_extra_bytes = arena.numel()
     assert stats.peak_extra_bytes <= bucket_bytes, (stats.peak_extra_bytes, bucket_bytes)
     for bucket in buckets:
         if not any(rank in (p.src, p.dst) for p in bucket):
             continue
-        pieces = _run_bucket(bucket, plan, local, rank, arena, group, stats)
+        pieces = _run_bucket(bucket, plan, local, rank, arena, group, stats, zero_copy_min_bytes)
         if pieces:
             consumer(pieces)
     del arena
