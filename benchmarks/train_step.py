@@ -1,0 +1,158 @@
+"""Throughput of the fsdp engine's `train_step` on this machine, written to docs/benchmarks.md.
+
+    python benchmarks/train_step.py [--preset 12m] [--batch 16] [--steps 5] [--no-write]
+
+Two gloo ranks (one intra-op thread each, so two threads in all: the CPU matmul ceiling of
+ENVIRONMENT.md was measured with two threads) run dp2-tp1 and dp1-tp2 layouts of the same model,
+with and without padding-free packing, on a batch of mixed prompt/response lengths. Tokens/s
+counts valid (non-padding) tokens; model FLOPs use the usual 6 x parameters per token
+(forward 2, backward 4; attention FLOPs ignored), and the fraction is of the fp32 ceiling.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+CEILING_GFLOPS = 217.0  # fp32 matmul, 2 threads (ENVIRONMENT.md)
+SECTION = "## Training engine"
+
+
+def make_batch(*, batch_size: int, prompt_len: int, response_len: int, vocab: int, seed: int = 0):
+    """Mixed lengths: prompts 1/4..1 of prompt_len, responses 1/8..1 of response_len."""
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    plen = torch.randint(prompt_len // 4, prompt_len + 1, (batch_size,), generator=g)
+    rlen = torch.randint(response_len // 8, response_len + 1, (batch_size,), generator=g)
+    ids = torch.randint(4, vocab, (batch_size, prompt_len + response_len), generator=g)
+    pmask = torch.arange(prompt_len)[None] >= (prompt_len - plen)[:, None]
+    rmask = torch.arange(response_len)[None] < rlen[:, None]
+    mask = torch.cat([pmask, rmask], 1).long()
+    ids = ids * mask
+    return {"input_ids": ids, "attention_mask": mask, "position_ids": (mask.cumsum(1) - 1).clamp(min=0),
+            "responses": ids[:, prompt_len:], "response_mask": rmask.float(),
+            "advantages": torch.randn(batch_size, response_len, generator=g)}
+
+
+def _loss(outputs, mb):
+    m = mb["response_mask"]
+    return -(outputs["log_probs"] * mb["advantages"] * m).sum() / m.sum(), {}
+
+
+def _bench(rank, world, path, batch_kw, steps):
+    import torch
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from rlframe.workers.engines import TrainEngineConfig, get_train_engine
+
+    rows = []
+    batch = make_batch(**batch_kw)
+    for dp, tp in ((2, 1), (1, 2)):
+        for packed in (True, False):
+            mesh = init_device_mesh("cpu", (dp, tp), mesh_dim_names=("dp", "tp"))
+            cfg = TrainEngineConfig(model_path=path, dp=dp, tp=tp, lr=1e-5, remove_padding=packed)
+            engine = get_train_engine("fsdp")(cfg, device_mesh=mesh)
+            d = mesh.get_local_rank("dp")
+            n = batch["input_ids"].shape[0] // dp
+            mine = {k: v[d * n : (d + 1) * n] for k, v in batch.items()}
+            engine.train_step(_loss, mine)  # warm-up
+            times = []
+            for _ in range(steps):
+                torch.distributed.barrier()
+                t0 = time.perf_counter()
+                m = engine.train_step(_loss, mine)
+                torch.distributed.barrier()
+                times.append(time.perf_counter() - t0)
+            times.sort()
+            rows.append({"dp": dp, "tp": tp, "packed": packed, "step_s": times[0],
+                         "median_s": times[len(times) // 2], "tokens_valid": m["tokens_valid"],
+                         "tokens_computed": m["tokens_computed"], "tokens_padded": m["tokens_padded"]})
+            del engine
+    return rows
+
+
+def run(preset: str, batch_size: int, steps: int) -> tuple[str, list[dict]]:
+    from rlframe.data.tiny_model import PRESETS, build_random_model, count_parameters
+    from rlframe.utils.spawn import run_distributed
+
+    params = count_parameters(preset)
+    prompt_len, response_len = 64, 128
+    with tempfile.TemporaryDirectory() as tmp:
+        path = str(build_random_model(Path(tmp) / preset, preset=preset, seed=0))
+        batch_kw = dict(batch_size=batch_size, prompt_len=prompt_len, response_len=response_len, vocab=100)
+        rows = run_distributed(_bench, world_size=2, args=(path, batch_kw, steps), timeout_s=1800,
+                               env={"RLFRAME_THREADS_PER_RANK": "1"})[0]
+    shape = PRESETS[preset]
+    lines = [
+        f"`train_step` of the `{preset}` preset ({params / 1e6:.2f}M parameters, hidden {shape.hidden_size}, "
+        f"{shape.num_layers} layers), fp32, 2 gloo ranks x 1 thread; batch {batch_size} sequences, "
+        f"prompts {prompt_len // 4}-{prompt_len} + responses {response_len // 8}-{response_len} tokens "
+        f"(mixed lengths), one micro-batch per rank, {steps} timed steps after one warm-up. "
+        "The CPU is shared with other jobs, so tokens/s uses the fastest step (median shown too). "
+        f"Tokens = valid tokens; model FLOPs = 6 x params x tokens; ceiling = {CEILING_GFLOPS:.0f} GFLOP/s "
+        "(fp32 matmul, 2 threads).",
+        "",
+        "| layout | padding-free | tokens valid / computed / padded | step s, best (median) | tokens/s | GFLOP/s | of ceiling |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        tps = r["tokens_valid"] / r["step_s"]
+        gflops = 6 * params * tps / 1e9
+        lines.append(
+            f"| dp{r['dp']}-tp{r['tp']} | {'yes' if r['packed'] else 'no'} | {int(r['tokens_valid'])} / "
+            f"{int(r['tokens_computed'])} / {int(r['tokens_padded'])} | {r['step_s']:.2f} ({r['median_s']:.2f}) | "
+            f"{tps:,.0f} | "
+            f"{gflops:.1f} | {gflops / CEILING_GFLOPS:.1%} |"
+        )
+    by = {(r["dp"], r["tp"], r["packed"]): r for r in rows}
+    lines.append("")
+    for dp, tp in ((2, 1), (1, 2)):
+        p, u = by[(dp, tp, True)], by[(dp, tp, False)]
+        lines.append(
+            f"- dp{dp}-tp{tp}: padding-free packing computes {1 - p['tokens_computed'] / u['tokens_computed']:.0%} "
+            f"fewer token positions than the padded batch and its best step is {u['step_s'] / p['step_s']:.2f}x "
+            "as fast (median " f"{u['median_s'] / p['median_s']:.2f}x)."
+        )
+    return "\n".join(lines), rows
+
+
+def write_section(body: str, *, command: str) -> None:
+    """Replace (or append) this benchmark's section of docs/benchmarks.md, re-reading it first."""
+    doc = ROOT / "docs" / "benchmarks.md"
+    text = doc.read_text() if doc.exists() else "# Benchmarks\n"
+    load = os.getloadavg()[0]
+    section = (f"{SECTION}\n\nReproduce: `{command}` (measured {time.strftime('%Y-%m-%d')}, "
+               f"1-min load average at the end {load:.1f} on 2 cores: other jobs shared the CPU).\n\n{body}\n")
+    start = text.find(SECTION)
+    if start < 0:
+        text = text.rstrip("\n") + "\n\n" + section
+    else:
+        nxt = text.find("\n## ", start + len(SECTION))
+        text = text[:start] + section + ("" if nxt < 0 else "\n" + text[nxt + 1 :])
+    doc.write_text(text)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--preset", default="12m")
+    ap.add_argument("--batch", type=int, default=16)
+    ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--no-write", action="store_true", help="print the table only")
+    args = ap.parse_args()
+    body, _ = run(args.preset, args.batch, args.steps)
+    print(body)
+    if not args.no_write:
+        write_section(body, command=f"python benchmarks/train_step.py --preset {args.preset} "
+                                    f"--batch {args.batch} --steps {args.steps}")
+
+
+if __name__ == "__main__":
+    main()
