@@ -27,11 +27,10 @@ class ModelConfig:
 
 @dataclass
 class DataConfig:
-    task: str | None = "arithmetic"  # synthetic task generated on first use; None: use the files
-    task_difficulty: int = 1
+    task: str | None = "arithmetic"  # synthetic task (arithmetic | countdown) made on first use; None: files
     train_files: list[str] = field(default_factory=list)
     val_files: list[str] = field(default_factory=list)
-    train_size: int = 4096
+    train_size: int = 5000
     val_size: int = 256
     prompt_length: int = 16
     response_length: int = 8

@@ -12,7 +12,9 @@ adding an entry (`register_dispatch_mode`).
 | RANK_ZERO   | args to rank 0 only                                          | rank 0's output                  |
 | DP_COMPUTE  | DataProto args chunked over the mesh's dp dim; tp/pp/cp      | outputs of one rank per dp group |
 |             | peers of a dp rank get the same chunk; other args to all     | (tp=0, last pp stage), dp order; |
-|             |                                                              | DataProtos concatenated          |
+|             |                                                              | DataProtos concatenated, their   |
+|             |                                                              | meta_info['metrics'] gathered    |
+|             |                                                              | into a list (one per dp rank)    |
 """
 
 from __future__ import annotations
@@ -20,6 +22,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any, Callable
+
+
+# meta_info key under which a worker returns its per-rank measurements ({name: float}).
+METRICS_KEY = "metrics"
 
 
 class Dispatch(str, Enum):
@@ -114,7 +120,8 @@ def _gather_dp(outputs):
     assert [d for d, _ in picked] == list(range(len(picked))), [d for d, _ in picked]
     values = [out for _, out in picked]
     if values and all(isinstance(v, DataProto) for v in values):
-        return DataProto.concat(values)
+        # Per-rank measurements differ by rank: gathered as a list (one dict per dp rank).
+        return DataProto.concat(values, gather_meta_keys=(METRICS_KEY,))
     if all(v is None for v in values):
         return None
     return values

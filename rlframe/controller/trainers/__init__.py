@@ -1,0 +1,42 @@
+"""Trainers: the algorithms as dataflows over worker groups (driver side).
+
+`run_training(cfg)` builds the trainer `algorithm.name` selects, runs it in a fresh run directory
+(`<trainer.output_dir>/<trainer.experiment>`) and prints the summary.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from rlframe.config.build import to_dict
+from rlframe.config.schema import RunConfig
+
+
+def trainer_class(cfg: RunConfig):
+    if cfg.algorithm.name == "online_dpo":
+        from rlframe.controller.trainers.dpo import OnlineDPOTrainer
+
+        return OnlineDPOTrainer
+    from rlframe.controller.trainers.ppo import PPOTrainer
+
+    return PPOTrainer
+
+
+def run_training(cfg: RunConfig, *, config_name: str = "") -> dict:
+    import yaml
+
+    from rlframe.controller.ray_utils import init_local_ray
+
+    run_dir = Path(cfg.trainer.output_dir) / cfg.trainer.experiment
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.yaml").write_text(yaml.safe_dump({"config_name": config_name, **to_dict(cfg)}, sort_keys=False))
+    init_local_ray()
+    trainer = trainer_class(cfg)(cfg, run_dir=run_dir)
+    try:
+        summary = trainer.fit()
+    finally:
+        trainer.close()
+    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    print("summary: " + json.dumps(summary), flush=True)
+    return summary

@@ -1,0 +1,89 @@
+"""The driver-side pieces of a training step that are not a single worker call: generation with
+padding to the rollout replicas, scoring (rule functions or reward models), KL and advantages,
+validation. The trainers compose them; each is small and named for its phase."""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+
+import numpy as np
+import torch
+
+from rlframe.algos.dapo import overlong_reward_penalty
+from rlframe.algos.dataproto_glue import apply_kl_penalty_to_batch, compute_advantage
+from rlframe.config.schema import RunConfig
+from rlframe.controller.trainers.metrics import gathered
+from rlframe.protocol import DataProto
+from rlframe.rewards.manager import token_level_scores
+from rlframe.workers.rollout import SamplingConfig, logprob_diff_metrics
+
+PROMPT_KEYS = ["input_ids", "attention_mask", "position_ids"]
+
+
+def sampling_for(cfg: RunConfig, *, n: int, temperature: float, seed: int) -> SamplingConfig:
+    return SamplingConfig(n=n, temperature=temperature, top_p=cfg.rollout.top_p if temperature > 0 else 1.0,
+                          top_k=cfg.rollout.top_k if temperature > 0 else -1,
+                          max_new_tokens=cfg.data.response_length, seed=seed)
+
+
+def generate(actor, prompts: DataProto, *, sampling: SamplingConfig, replicas: int) -> tuple[DataProto, dict]:
+    """n samples per prompt; prompt fields repeated alongside (samples of a prompt adjacent)."""
+    gen_in = prompts.select(batch_keys=PROMPT_KEYS)
+    gen_in.meta_info = {"sampling": asdict(sampling)}
+    gen_in, pad = gen_in.pad_to_divisor(replicas)
+    out = actor.generate_sequences(gen_in)
+    metrics = gathered(out, reduce="max")  # the slowest replica sets the pace
+    out.meta_info = {}
+    out = out.unpad(pad * sampling.n)
+    batch = prompts.select(batch_keys=[], non_tensor_keys=prompts.non_tensor_keys).repeat(sampling.n)
+    return batch.union(out), metrics
+
+
+def decode_responses(tokenizer, batch: DataProto) -> list[str]:
+    resp, mask = batch.batch["responses"], batch.batch["response_mask"].bool()
+    return [tokenizer.decode(r[m].tolist(), skip_special_tokens=True) for r, m in zip(resp, mask)]
+
+
+def score(batch: DataProto, *, cfg: RunConfig, tokenizer, reward_manager, reward_model=None) -> tuple[DataProto, dict]:
+    """`token_level_scores` (B, R): the rule reward (or reward-model score) on the last token."""
+    nt = batch.non_tensor_batch
+    result = reward_manager.compute(decode_responses(tokenizer, batch), data_sources=list(nt["data_source"]),
+                                    ground_truths=list(nt["ground_truth"]), extra_infos=list(nt["extra_info"]))
+    scores = torch.as_tensor(result.scores, dtype=torch.float32)
+    metrics = dict(result.metrics)
+    metrics["critic/accuracy"] = float((scores >= 1.0).float().mean())
+    if reward_model is not None:
+        scores = reward_model.compute_rm_score(batch).batch["rm_scores"].float()
+    lengths = batch.batch["response_mask"].sum(-1)
+    if cfg.algorithm.overlong_buffer_len > 0:
+        penalty = overlong_reward_penalty(response_lengths=lengths, max_response_length=cfg.data.response_length,
+                                          overlong_buffer_len=cfg.algorithm.overlong_buffer_len,
+                                          penalty_factor=cfg.algorithm.overlong_penalty_factor)
+        scores = scores + penalty
+        metrics["reward/overlong_penalty_mean"] = float(penalty.mean())
+    batch.batch["token_level_scores"] = token_level_scores(scores, batch.batch["response_mask"])
+    return batch, metrics
+
+
+def advantages(batch: DataProto, *, cfg: RunConfig, kl_ctrl) -> tuple[DataProto, dict]:
+    alg = cfg.algorithm
+    metrics = {}
+    if alg.kl_in_reward:
+        metrics = apply_kl_penalty_to_batch(batch, kl_ctrl=kl_ctrl, estimator=alg.kl_estimator)
+    else:
+        batch.batch["token_level_rewards"] = batch.batch["token_level_scores"]
+    compute_advantage(batch, estimator=alg.adv_estimator, gamma=alg.gamma, lam=alg.lam)
+    return batch, metrics
+
+
+def logprob_consistency(batch: DataProto) -> dict:
+    """Rollout engine log-probs vs the training engine's for the same tokens (a silent-bug alarm)."""
+    if "rollout_log_probs" not in batch.batch.keys():
+        return {}
+    return logprob_diff_metrics(batch.batch["rollout_log_probs"], batch.batch["old_log_probs"],
+                                batch.batch["response_mask"])
+
+
+def uids(prefix: str, n: int) -> np.ndarray:
+    """Group ids of a prompt batch: the n samples of prompt i share `{prefix}-{i}`."""
+    return np.array([f"{prefix}-{i}" for i in range(n)], dtype=object)

@@ -1,0 +1,221 @@
+"""The PPO-family trainer: one dataflow over the worker groups, configured into PPO (GAE + critic),
+GRPO, Dr.GRPO, RLOO, REINFORCE++(-baseline), Lite PPO, ReMax and DAPO by `algorithm.*` alone.
+
+One step, as the driver sees it (each line one call on a worker group, or a pure function here):
+
+    prompts = next(dataloader)                          # (B prompts)
+    batch   = actor.generate_sequences(prompts)         # reshard train->gen, vLLM, n samples each
+    batch   = [ReMax] + greedy baseline generation      # reward_baselines
+    batch   = score(batch)                              # rule verifiers / reward models
+    batch   = [DAPO] keep groups with reward variance, sample again until full
+    batch   = ref.compute_ref_log_prob(batch)           # when a KL term is on
+    batch   = actor.compute_log_prob(batch)             # old_log_probs
+    batch   = critic.compute_values(batch)              # GAE only
+    batch   = advantages(batch)                         # KL-in-reward, estimator by name
+    critic.update_critic(batch); actor.update_actor(batch)
+"""
+
+from __future__ import annotations
+
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+import torch
+
+from rlframe.algos.dapo import filter_groups_by_reward_variance
+from rlframe.algos.kl import make_kl_controller
+from rlframe.config.build import to_dict
+from rlframe.config.schema import RunConfig
+from rlframe.controller.trainers import phases
+from rlframe.controller.trainers.checkpoint import CheckpointManager, driver_rng_state, restore_driver_rng
+from rlframe.controller.trainers.metrics import batch_metrics, gathered, throughput
+from rlframe.controller.trainers.prepare import build_data, model_path
+from rlframe.controller.trainers.roles import build_roles
+from rlframe.controller.trainers.tracking import Tracker, format_console
+from rlframe.controller.trainers.validation import validate
+from rlframe.data.dataloader import to_dataproto
+from rlframe.protocol import DataProto
+from rlframe.rewards.manager import RewardManager
+from rlframe.rewards.registry import RewardFnSpec
+
+
+@contextmanager
+def timed(timing: dict, name: str):
+    t0 = time.perf_counter()
+    yield
+    timing[f"timing_s/{name}"] = timing.get(f"timing_s/{name}", 0.0) + time.perf_counter() - t0
+
+
+class PPOTrainer:
+    def __init__(self, cfg: RunConfig, *, run_dir: Path):
+        from transformers import AutoTokenizer
+
+        self.cfg, self.run_dir = cfg, Path(run_dir)
+        self.actor_path = model_path(cfg)
+        self.tokenizer = AutoTokenizer.from_pretrained(self.actor_path)
+        self.loader, self.val_set = build_data(cfg, self.tokenizer)
+        spec = RewardFnSpec(path=cfg.reward.function_path, name=cfg.reward.function_name) \
+            if cfg.reward.function_path else None
+        self.reward = RewardManager(fn_spec=spec, num_workers=cfg.reward.num_workers)
+        alg = cfg.algorithm
+        self.kl_ctrl = make_kl_controller(kind="adaptive" if alg.kl_target else "fixed", kl_coef=alg.kl_coef,
+                                          target_kl=alg.kl_target, horizon=alg.kl_horizon)
+        self.roles = build_roles(cfg, actor_path=self.actor_path, critic_path=cfg.model.critic_path or self.actor_path)
+        self.replicas = self.roles.actor.world_size // cfg.rollout.tp
+        self.tracker = Tracker(self.run_dir, sinks=cfg.trainer.loggers, experiment=cfg.trainer.experiment,
+                               config=to_dict(cfg), plot=cfg.trainer.plot)
+        self.ckpt = CheckpointManager(self.run_dir, keep=cfg.trainer.keep_checkpoints)
+        self.step = 0
+
+    # ---- the loop ------------------------------------------------------------------------------
+    def fit(self) -> dict:
+        cfg = self.cfg.trainer
+        self.resume()
+        if self.step == 0 and cfg.val_every > 0:
+            self.tracker.log(self.validate(), step=0)
+        for self.step in range(self.step + 1, cfg.total_steps + 1):
+            metrics = self.train_step()
+            if cfg.val_every > 0 and (self.step % cfg.val_every == 0 or self.step == cfg.total_steps):
+                metrics.update(self.validate())
+            self.tracker.log(metrics, step=self.step)
+            print(format_console(self.step, cfg.total_steps, metrics), flush=True)
+            if self.step == cfg.total_steps or (cfg.save_every > 0 and self.step % cfg.save_every == 0):
+                self.save()
+        return self.finish()
+
+    def train_step(self) -> dict:
+        t: dict[str, float] = {}
+        alg, m = self.cfg.algorithm, {}
+        with timed(t, "step"):
+            with timed(t, "gen"):
+                batch, gen_m = self.rollout(self.next_prompts())
+            with timed(t, "reward"):
+                batch, reward_m = self.score(batch)
+            if alg.dynamic_sampling:
+                with timed(t, "dynamic_sampling"):
+                    batch, ds_m = self.fill_with_informative_groups(batch)
+                m.update(ds_m)
+            if self.roles.ref is not None:
+                with timed(t, "ref"):
+                    batch = batch.union(self.roles.ref.compute_ref_log_prob(batch))
+            with timed(t, "old_log_prob"):
+                batch = batch.union(self.roles.actor.compute_log_prob(batch).select(batch_keys=["old_log_probs"]))
+            if self.roles.critic is not None:
+                with timed(t, "values"):
+                    batch = batch.union(self.roles.critic.compute_values(batch))
+            with timed(t, "adv"):
+                batch, adv_m = phases.advantages(batch, cfg=self.cfg, kl_ctrl=self.kl_ctrl)
+            batch.meta_info = {"global_step": self.step, "temperature": self.cfg.rollout.temperature}
+            if self.roles.critic is not None:
+                with timed(t, "update_critic"):
+                    m.update(gathered(self.roles.critic.update_critic(batch)))
+            with timed(t, "update_actor"):
+                m.update(gathered(self.roles.actor.update_actor(batch)))
+        t["timing_s/update_weights"] = gen_m.pop("timing_s/update_weights", 0.0)
+        m.update({**gen_m, **reward_m, **adv_m, **t, **phases.logprob_consistency(batch),
+                  **batch_metrics(batch, response_length=self.cfg.data.response_length),
+                  **throughput(batch, step_time=t["timing_s/step"], world_size=self.roles.actor.world_size),
+                  "actor/kl_coef": self.kl_ctrl.value})
+        return m
+
+    # ---- phases --------------------------------------------------------------------------------
+    def next_prompts(self) -> DataProto:
+        prompts = to_dataproto(next(self.loader))
+        self._batches_drawn = getattr(self, "_batches_drawn", 0) + 1  # unique uids across DAPO refills
+        prompts.non_tensor_batch["uid"] = phases.uids(f"{self.step}-{self._batches_drawn}", len(prompts))
+        return prompts
+
+    def sample_seed(self, salt: int = 0) -> int:
+        return (self.cfg.trainer.seed * 1_000_003 + self.step * 101 + salt) % (2**31)
+
+    def rollout(self, prompts: DataProto, salt: int = 0) -> tuple[DataProto, dict]:
+        alg = self.cfg.algorithm
+        sampling = phases.sampling_for(self.cfg, n=alg.n_samples, temperature=self.cfg.rollout.temperature,
+                                       seed=self.sample_seed(salt))
+        batch, metrics = phases.generate(self.roles.actor, prompts, sampling=sampling, replicas=self.replicas)
+        if alg.adv_estimator == "remax":
+            batch.batch["reward_baselines"] = self.greedy_baseline(prompts).repeat_interleave(alg.n_samples)
+        return batch, metrics
+
+    def greedy_baseline(self, prompts: DataProto) -> torch.Tensor:
+        """ReMax (Li et al. 2023): the reward of the greedy response is each prompt's baseline."""
+        greedy = phases.sampling_for(self.cfg, n=1, temperature=0.0, seed=self.sample_seed(7))
+        batch, _ = phases.generate(self.roles.actor, prompts, sampling=greedy, replicas=self.replicas)
+        batch, _ = self.score(batch)
+        return batch.batch["token_level_scores"].sum(-1)
+
+    def score(self, batch: DataProto) -> tuple[DataProto, dict]:
+        return phases.score(batch, cfg=self.cfg, tokenizer=self.tokenizer, reward_manager=self.reward,
+                            reward_model=self.roles.reward_model)
+
+    def fill_with_informative_groups(self, batch: DataProto) -> tuple[DataProto, dict]:
+        """DAPO dynamic sampling: keep the groups whose rewards differ, sample more prompts until
+        the batch is full or `max_gen_batches` ran; a batch still short is topped up with the
+        first dropped groups (their advantages are zero, so they only dilute, never mislead)."""
+        alg, want = self.cfg.algorithm, len(batch)
+        kept, dropped, rounds = [], [], 1
+        while True:
+            res = filter_groups_by_reward_variance(scores=batch.batch["token_level_scores"].sum(-1),
+                                                   index=batch.non_tensor_batch["uid"])
+            keep = torch.as_tensor(res.kept_indices, dtype=torch.long)
+            mask = torch.ones(len(batch), dtype=torch.bool)
+            mask[keep] = False
+            kept.append(batch.index(keep))
+            dropped.append(batch.index(mask))
+            if sum(len(k) for k in kept) >= want or rounds >= alg.max_gen_batches:
+                break
+            rounds += 1
+            batch, _ = self.rollout(self.next_prompts(), salt=rounds)
+            batch, _ = self.score(batch)
+        pool = DataProto.concat([*kept, *dropped])
+        n_kept = sum(len(k) for k in kept)
+        return pool.index(slice(0, want)), {"dapo/gen_batches": rounds, "dapo/kept_ratio": min(1.0, n_kept / want)}
+
+    def validate(self) -> dict:
+        if self.val_set is None:
+            return {}
+        return validate(self, self.val_set)
+
+    # ---- checkpoints ---------------------------------------------------------------------------
+    def save(self) -> None:
+        def save_roles(tmp: Path):
+            self.roles.actor.save_checkpoint(str(tmp / "actor"))
+            if self.roles.critic is not None:
+                self.roles.critic.save_checkpoint(str(tmp / "critic"))
+
+        self.ckpt.save(self.step, save_roles=save_roles, state={
+            "dataloader": self.loader.state_dict(), "kl_ctrl": self.kl_ctrl.state_dict(), "rng": driver_rng_state()})
+
+    def resume(self) -> None:
+        path = self.ckpt.resolve(self.cfg.trainer.resume)
+        if path is None:
+            self.tracker.resume_history(0)
+            return
+        state = self.ckpt.load_state(path)
+        self.roles.actor.load_checkpoint(str(path / "actor"))
+        if self.roles.critic is not None:
+            self.roles.critic.load_checkpoint(str(path / "critic"))
+        self.loader.load_state_dict(state["dataloader"])
+        self.kl_ctrl.load_state_dict(state["kl_ctrl"])
+        restore_driver_rng(state["rng"])
+        self.step = int(state["step"])
+        self.tracker.resume_history(self.step)
+        print(f"resumed from {path} at step {self.step}", flush=True)
+
+    def finish(self) -> dict:
+        summary = {"run_dir": str(self.run_dir), "steps": self.step}
+        if self.cfg.trainer.export_hf:
+            export = self.run_dir / "hf_actor"
+            self.roles.actor.export_hf(str(export))
+            self.tokenizer.save_pretrained(str(export))
+            summary["hf_export"] = str(export)
+        vals = [r for r in self.tracker.history if "val/accuracy" in r]
+        if vals:
+            summary.update({"val_accuracy_start": vals[0]["val/accuracy"], "val_accuracy_end": vals[-1]["val/accuracy"]})
+        self.tracker.close()
+        return summary
+
+    def close(self) -> None:
+        self.roles.shutdown()
+        self.reward.close()

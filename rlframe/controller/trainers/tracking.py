@@ -1,0 +1,124 @@
+"""Where a run's metrics go: console, metrics.jsonl, TensorBoard, wandb/mlflow, and a PNG plot.
+
+One `Tracker.log(metrics, step)` call per training step writes to every configured sink. Metric
+names follow verl's (`critic/score/mean`, `timing_s/gen`, `perf/throughput`, ...), so existing
+dashboards and scripts work.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+SINKS = ("console", "jsonl", "tensorboard", "wandb", "mlflow")
+PLOTTED = (("critic/score/mean", "reward (mean score)"), ("val/accuracy", "held-out accuracy"),
+           ("response_length/mean", "response length"), ("actor/ppo_kl", "KL(old || new)"))
+
+
+def _finite(metrics: dict) -> dict[str, float]:
+    return {k: float(v) for k, v in metrics.items() if isinstance(v, (int, float)) and math.isfinite(float(v))}
+
+
+class Tracker:
+    def __init__(self, run_dir: Path, *, sinks: list[str], experiment: str, config: dict, plot: bool = True):
+        unknown = [s for s in sinks if s not in SINKS]
+        if unknown:
+            raise ValueError(f"trainer.loggers has unknown sinks {unknown}; choose from {SINKS}")
+        self.run_dir, self.sinks, self.plot_enabled = Path(run_dir), list(sinks), plot
+        self.history: list[dict] = []
+        self.jsonl = self.run_dir / "metrics.jsonl"
+        self._tb = self._wandb = self._mlflow = None
+        if "tensorboard" in sinks:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self._tb = SummaryWriter(str(self.run_dir / "tensorboard"))
+        if "wandb" in sinks:
+            import wandb
+
+            self._wandb = wandb.init(project="rlframe", name=experiment, config=config, dir=str(self.run_dir))
+        if "mlflow" in sinks:
+            import mlflow
+
+            mlflow.set_experiment(experiment)
+            self._mlflow = mlflow.start_run()
+            mlflow.log_params({k: str(v)[:250] for k, v in _flatten(config).items()})
+
+    def resume_history(self, upto_step: int) -> None:
+        """Keep metrics.jsonl lines of steps <= upto_step (a resumed run rewrites what follows)."""
+        if not self.jsonl.exists():
+            return
+        rows = [json.loads(line) for line in self.jsonl.read_text().splitlines() if line.strip()]
+        self.history = [r for r in rows if r.get("step", 0) <= upto_step]
+        self.jsonl.write_text("".join(json.dumps(r) + "\n" for r in self.history))
+
+    def log(self, metrics: dict, step: int) -> None:
+        row = {"step": step, **_finite(metrics)}
+        self.history.append(row)
+        if "jsonl" in self.sinks:
+            with self.jsonl.open("a") as f:
+                f.write(json.dumps(row) + "\n")
+        if self._tb is not None:
+            for k, v in row.items():
+                if k != "step":
+                    self._tb.add_scalar(k, v, step)
+            self._tb.flush()
+        if self._wandb is not None:
+            self._wandb.log(row, step=step)
+        if self._mlflow is not None:
+            import mlflow
+
+            mlflow.log_metrics({k.replace("@", "_at_"): v for k, v in row.items() if k != "step"}, step=step)
+        if self.plot_enabled:
+            self.plot()
+
+    def plot(self) -> None:
+        """Redraw curves.png from the history (the main curves, one panel each)."""
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        panels = [(k, title) for k, title in PLOTTED if any(k in r for r in self.history)]
+        if not panels:
+            return
+        fig, axes = plt.subplots(1, len(panels), figsize=(4 * len(panels), 3.2), squeeze=False)
+        for ax, (key, title) in zip(axes[0], panels):
+            pts = [(r["step"], r[key]) for r in self.history if key in r]
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", markersize=3)
+            ax.set_title(title)
+            ax.set_xlabel("step")
+            ax.grid(alpha=0.3)
+        fig.tight_layout()
+        tmp = self.run_dir / ".curves.png.tmp"
+        fig.savefig(tmp, dpi=80, format="png")
+        plt.close(fig)
+        tmp.replace(self.run_dir / "curves.png")
+
+    def close(self) -> None:
+        if self._tb is not None:
+            self._tb.close()
+        if self._wandb is not None:
+            self._wandb.finish()
+        if self._mlflow is not None:
+            import mlflow
+
+            mlflow.end_run()
+
+
+def _flatten(d: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict):
+            out.update(_flatten(v, key + "."))
+        else:
+            out[key] = v
+    return out
+
+
+def format_console(step: int, total: int, metrics: dict) -> str:
+    keys = [("critic/score/mean", "reward"), ("val/accuracy", "val_acc"), ("response_length/mean", "len"),
+            ("actor/pg_loss", "pg_loss"), ("actor/ppo_kl", "kl"), ("timing_s/step", "s/step")]
+    parts = [f"{short}={metrics[k]:.3f}" for k, short in keys if k in metrics]
+    return f"step {step}/{total} " + " ".join(parts)

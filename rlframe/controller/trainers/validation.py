@@ -1,0 +1,37 @@
+"""Validation on the held-out split: greedy accuracy, mean reward, and pass@k with k samples."""
+
+from __future__ import annotations
+
+import torch
+
+from rlframe.controller.trainers import phases
+from rlframe.data.dataloader import collate, to_dataproto
+
+
+def validation_prompts(trainer, dataset):
+    rows = [dataset[i] for i in range(len(dataset))]
+    prompts = to_dataproto(collate(rows, list(range(len(rows))), pad_token_id=trainer.tokenizer.pad_token_id,
+                                   pad_to=trainer.cfg.data.prompt_length))
+    prompts.non_tensor_batch["uid"] = phases.uids("val", len(prompts))
+    return prompts
+
+
+def validate(trainer, dataset) -> dict[str, float]:
+    """`val/accuracy` (greedy), `val/mean_reward`, and `val/pass@k` when rollout.val_n = k > 1."""
+    cfg = trainer.cfg
+    prompts = validation_prompts(trainer, dataset)
+    greedy = phases.sampling_for(cfg, n=1, temperature=cfg.rollout.val_temperature, seed=cfg.trainer.seed)
+    batch, _ = phases.generate(trainer.roles.actor, prompts, sampling=greedy, replicas=trainer.replicas)
+    batch, _ = trainer.score(batch)
+    scores = batch.batch["token_level_scores"].sum(-1)
+    out = {"val/accuracy": float((scores >= 1.0).float().mean()), "val/mean_reward": float(scores.mean()),
+           "val/response_length": float(batch.batch["response_mask"].sum(-1).float().mean())}
+    k = cfg.rollout.val_n
+    if k > 1:
+        sampled = phases.sampling_for(cfg, n=k, temperature=max(cfg.rollout.temperature, 1e-3), seed=cfg.trainer.seed + 1)
+        batch, _ = phases.generate(trainer.roles.actor, prompts, sampling=sampled, replicas=trainer.replicas)
+        batch, _ = trainer.score(batch)
+        solved = (batch.batch["token_level_scores"].sum(-1) >= 1.0).view(len(prompts), k)
+        out[f"val/pass@{k}"] = float(solved.any(dim=1).float().mean())
+        out[f"val/mean@{k}"] = float(solved.float().mean())
+    return out

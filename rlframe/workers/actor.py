@@ -1,0 +1,124 @@
+"""ActorWorker: the policy, trained by a training engine and sampled by a rollout engine that share
+its process (the hybrid engine).
+
+Two meshes: "default" is the training layout (dp, tp) that `compute_log_prob` / `update_actor`
+split batches over; "rollout" is the generation layout (dp_g = world / tp_g, tp_g) that
+`generate_sequences` splits prompts over. Before each generation, the training shards are
+resharded into the generation layout by the plan made once at start-up (rlframe.resharding) and
+streamed bucket by bucket into the rollout engine; nothing touches the disk.
+"""
+
+from __future__ import annotations
+
+from rlframe.config.schema import AlgorithmConfig, RolloutSection, TrainRoleConfig
+from rlframe.controller import Dispatch, Mesh, Worker, register
+from rlframe.controller.dispatch import METRICS_KEY
+from rlframe.protocol import DataProto
+from rlframe.resharding.executor import execute_plan
+from rlframe.resharding.layout import Layout
+from rlframe.resharding.planner import ParamMeta, plan_reshard
+from rlframe.workers.common import (
+    LOSS_WEIGHTING, build_train_engine, mean_metrics, metrics_only, prefixed, rollout_config, timer,
+)
+from rlframe.workers.losses import actor_loss_fn, dpo_loss_fn
+from rlframe.workers.rollout import SamplingConfig, build_rollout_engine
+
+
+class ActorWorker(Worker):
+    def __init__(self, *, model_path: str, actor: TrainRoleConfig, algorithm: AlgorithmConfig,
+                 rollout: RolloutSection | None, max_model_len: int, total_steps: int, seed: int = 0):
+        self.cfg, self.algo = actor, algorithm
+        self.engine = build_train_engine(actor, model_path=model_path, head="lm", total_steps=total_steps, seed=seed)
+        self.set_mesh(Mesh.of(dp=actor.dp, tp=actor.tp))
+        self.rollout = None
+        if rollout is not None:
+            self.set_mesh(Mesh.of(dp=self.world_size // rollout.tp, tp=rollout.tp), name="rollout")
+            self.rollout = build_rollout_engine(model_path, config=rollout_config(rollout, max_model_len=max_model_len,
+                                                                                  seed=seed))
+            self.bucket_bytes = rollout.bucket_bytes
+            self._plan = self._make_reshard_plan(gen_tp=rollout.tp)
+        self._weights_stale = False  # the rollout engine loaded the same checkpoint at start-up
+
+    # ---- hybrid engine: training layout -> generation layout -----------------------------------
+    def _make_reshard_plan(self, *, gen_tp: int):
+        shards = self.engine.local_shards()
+        src = Layout(tp=self.cfg.tp, dp=self.cfg.dp, fsdp=True)
+        dst = Layout(tp=gen_tp, dp=self.world_size // gen_tp)
+        for name, (shape, box, _) in shards.items():
+            expected = src.box(name, shape, self.rank)
+            assert expected is None or expected == box, (name, box, expected)
+        metas = {name: ParamMeta(tuple(shape), t.dtype) for name, (shape, _, t) in shards.items()}
+        return plan_reshard(metas, src=src, dst=dst)
+
+    def _sync_weights(self) -> dict[str, float]:
+        if not self._weights_stale:
+            return {}
+        local = {name: t for name, (_, _, t) in self.engine.local_shards().items()}
+        with self.rollout.weight_update() as consume:
+            stats = execute_plan(self._plan, local=local, consumer=consume, bucket_bytes=self.bucket_bytes)
+        self._weights_stale = False
+        return {"reshard/bytes_received_mb": stats.bytes_received / 2**20,
+                "reshard/bytes_sent_mb": stats.bytes_sent / 2**20,
+                "reshard/peak_extra_mb": stats.peak_extra_bytes / 2**20, "reshard/buckets": stats.num_buckets}
+
+    @register(dispatch=Dispatch.DP_COMPUTE, mesh="rollout")
+    def generate_sequences(self, prompts: DataProto) -> DataProto:
+        """Sample responses for this generation replica's prompts; `meta_info["sampling"]` holds
+        the SamplingConfig fields. Returns the rollout batch (n samples per prompt adjacent)."""
+        sampling = SamplingConfig(**prompts.meta_info["sampling"])
+        timing: dict[str, float] = {}
+        with timer(timing, "timing_s/update_weights"):
+            sync = self._sync_weights()
+        self.rollout.wake()
+        with timer(timing, "timing_s/gen_local"):
+            out = self.rollout.generate(prompts, sampling)
+        self.rollout.sleep()
+        out.meta_info = {METRICS_KEY: {**timing, **sync}}
+        return out
+
+    # ---- training ------------------------------------------------------------------------------
+    @register(dispatch=Dispatch.DP_COMPUTE)
+    def compute_log_prob(self, data: DataProto) -> DataProto:
+        """Log-probs (B, R) of the responses under the current policy: `old_log_probs`."""
+        out = self.engine.forward_log_probs(data, temperature=data.meta_info.get("temperature", 1.0),
+                                            with_entropy=True)
+        return DataProto.from_dict(tensors={"old_log_probs": out["log_probs"], "entropy": out["entropy"]})
+
+    @register(dispatch=Dispatch.DP_COMPUTE)
+    def update_actor(self, data: DataProto) -> DataProto:
+        """PPO-style epochs over shuffled mini-batches; one optimizer step per mini-batch."""
+        dpo = self.algo.name == "online_dpo"
+        loss_fn = dpo_loss_fn(beta=self.algo.dpo_beta) if dpo else actor_loss_fn(
+            self.algo, loss_scale_factor=data.meta_info.get("loss_scale_factor"))
+        per_rank = self.cfg.mini_batch_size // self.cfg.dp
+        step = int(data.meta_info.get("global_step", 0))
+        rows = []
+        for epoch in range(self.cfg.ppo_epochs):
+            # DPO keeps (chosen, rejected) rows adjacent: no shuffling, one micro-batch per step.
+            minis = data.split(max(2, per_rank - per_rank % 2)) if dpo else list(
+                data.iter_minibatches(per_rank, shuffle=True, seed=step * 1000 + epoch))
+            for mb in minis:
+                m = self.engine.train_step(loss_fn, [mb] if dpo else mb, temperature=data.meta_info.get("temperature", 1.0),
+                                           loss_weighting="samples" if dpo else LOSS_WEIGHTING[self.algo.loss_agg_mode],
+                                           with_entropy=not dpo)
+                rows.append(prefixed(m, "actor"))
+        self._weights_stale = True
+        return metrics_only(mean_metrics(rows), self.rank_info().dp_rank)
+
+    # ---- checkpoints ---------------------------------------------------------------------------
+    @register(dispatch=Dispatch.ONE_TO_ALL)
+    def save_checkpoint(self, path: str) -> None:
+        self.engine.save_checkpoint(path)
+
+    @register(dispatch=Dispatch.ONE_TO_ALL)
+    def load_checkpoint(self, path: str) -> None:
+        self.engine.load_checkpoint(path)
+        self._weights_stale = True
+
+    @register(dispatch=Dispatch.ONE_TO_ALL)
+    def export_hf(self, path: str) -> None:
+        self.engine.export_hf(path)
+
+    def close(self) -> None:
+        if self.rollout is not None:
+            self.rollout.shutdown()

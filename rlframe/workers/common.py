@@ -1,0 +1,62 @@
+"""Shared by the role workers: engine settings from the run config, batch helpers."""
+
+from __future__ import annotations
+
+import time
+from contextlib import contextmanager
+
+from rlframe.config.schema import RolloutSection, TrainRoleConfig
+from rlframe.workers.engines import TrainEngineConfig, get_train_engine
+from rlframe.workers.rollout import RolloutConfig
+
+# Per-micro-batch loss weighting that makes accumulation equal one big batch (see the engine).
+LOSS_WEIGHTING = {"token-mean": "tokens", "seq-mean-token-sum": "samples", "seq-mean-token-mean": "samples",
+                  "seq-mean-token-sum-norm": "samples"}
+
+
+def build_train_engine(role: TrainRoleConfig, *, model_path: str, head: str, total_steps: int, seed: int,
+                       lr: float | None = None):
+    """The training engine `role.strategy` names, with the role's layout and optimiser."""
+    cfg = TrainEngineConfig(
+        model_path=model_path, head=head, dp=role.dp, tp=role.tp, lr=role.lr if lr is None else lr,
+        weight_decay=role.weight_decay, grad_clip=role.grad_clip, lr_schedule=role.lr_schedule,
+        warmup_steps=role.warmup_steps, total_steps=max(total_steps, role.warmup_steps + 1),
+        micro_batch_size=role.micro_batch_size, max_tokens_per_micro_batch=role.max_tokens_per_micro_batch,
+        seed=seed,
+    )
+    return get_train_engine(role.strategy)(cfg)
+
+
+def rollout_config(section: RolloutSection, *, max_model_len: int, seed: int) -> RolloutConfig:
+    return RolloutConfig(
+        backend=section.backend, tensor_parallel_size=section.tp, max_model_len=max_model_len,
+        max_num_seqs=section.max_num_seqs, gpu_memory_utilization=section.gpu_memory_utilization,
+        kv_cache_bytes=section.kv_cache_bytes, seed=seed,
+    )
+
+
+def prefixed(metrics: dict, prefix: str) -> dict[str, float]:
+    return {k if "/" in k else f"{prefix}/{k}": float(v) for k, v in metrics.items()}
+
+
+def mean_metrics(rows: list[dict[str, float]]) -> dict[str, float]:
+    keys = {k for r in rows for k in r}
+    return {k: sum(r[k] for r in rows if k in r) / sum(1 for r in rows if k in r) for k in sorted(keys)}
+
+
+@contextmanager
+def timer(out: dict, key: str):
+    t0 = time.perf_counter()
+    yield
+    out[key] = out.get(key, 0.0) + time.perf_counter() - t0
+
+
+def metrics_only(metrics: dict[str, float], dp_rank: int):
+    """A one-row batch carrying this rank's metrics in meta_info (DP_COMPUTE gathers them per dp
+    rank), for methods whose result is a measurement rather than per-sample data."""
+    import torch
+
+    from rlframe.controller.dispatch import METRICS_KEY
+    from rlframe.protocol import DataProto
+
+    return DataProto.from_dict(tensors={"dp_rank": torch.tensor([dp_rank])}, meta_info={METRICS_KEY: metrics})

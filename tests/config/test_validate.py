@@ -1,0 +1,73 @@
+"""Configuration errors are caught in the driver, before any worker starts, with a fix in the text."""
+
+import subprocess
+import sys
+import time
+
+import pytest
+
+from rlframe.config import ConfigError, load_config, validate
+
+
+def problems(*overrides):
+    with pytest.raises(ConfigError) as err:
+        validate(load_config("ppo_tiny", list(overrides)))
+    return str(err.value)
+
+
+def test_default_config_is_valid():
+    cfg = validate(load_config("ppo_tiny"))
+    assert cfg.algorithm.name == "ppo" and cfg.uses_critic and not cfg.uses_ref
+
+
+def test_batch_not_divisible_by_world_size():
+    msg = problems("data.train_batch_size=63")
+    assert "63 samples is not divisible by actor.dp=2; make it a multiple of 2" in msg
+
+
+def test_generation_tp_larger_than_group():
+    assert "rollout.tp=4 is larger than the actor group (2 processes); use rollout.tp <= 2" in problems("rollout.tp=4")
+
+
+def test_missing_model_path():
+    msg = problems("model.path=/no/such/model")
+    assert "model.path='/no/such/model' has no config.json" in msg and "model.path=null" in msg
+
+
+def test_unknown_algorithm_and_estimator():
+    msg = problems("algorithm.name=ppo2", "algorithm.adv_estimator=gea")
+    assert "algorithm.name='ppo2' is unknown; choose one of ppo, grpo" in msg
+    assert "algorithm.adv_estimator='gea' is not registered; known: " in msg
+
+
+def test_group_estimator_needs_samples():
+    assert "algorithm.n_samples must be >= 2" in problems("algorithm.adv_estimator=grpo")
+
+
+def test_layout_must_fit_processes():
+    assert "actor layout dp(2) * tp(2) * pp(1) = 4 != its 2 processes" in problems("actor.tp=2")
+
+
+def test_typo_in_key_suggests_the_right_one():
+    with pytest.raises(ValueError, match="unknown config key actor.lrr; did you mean lr"):
+        load_config("ppo_tiny", ["actor.lrr=1e-4"])
+
+
+def test_megatron_needs_gpu():
+    assert "actor.strategy=megatron needs GPUs" in problems("actor.strategy=megatron")
+
+
+@pytest.mark.parametrize("override,expect", [
+    ("data.train_batch_size=63", "not divisible"),
+    ("rollout.tp=4", "larger than the actor group"),
+    ("model.path=/nope", "no config.json"),
+    ("algorithm.name=foo", "is unknown"),
+])
+def test_main_fails_fast_before_workers(override, expect):
+    t0 = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-m", "rlframe.main", override], capture_output=True, text=True, timeout=60)
+    elapsed = time.perf_counter() - t0
+    assert proc.returncode == 2, proc.stderr
+    assert expect in proc.stderr
+    assert "Started a local Ray" not in proc.stderr  # no worker (not even Ray) was started
+    assert elapsed < 30, elapsed  # generous on a loaded 2-core machine; measured ~3 s when idle
