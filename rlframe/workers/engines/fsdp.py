@@ -19,6 +19,7 @@ Example (inside an initialised process group of 4 ranks):
 
 from __future__ import annotations
 
+import os
 import warnings
 from typing import Any
 
@@ -56,6 +57,8 @@ class FSDPTrainEngine(TrainEngine):
         hf_config = load_config(config.model_path)
         check_model_fits(hf_config, tp=config.tp, model_type_path=f"{hf_config.model_type} at {config.model_path}")
         on_gpu = dist.get_backend() == "nccl"
+        if on_gpu and "LOCAL_RANK" in os.environ:
+            torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
         self.device = torch.device("cuda", torch.cuda.current_device()) if on_gpu else torch.device("cpu")
         self.mesh = device_mesh if device_mesh is not None else build_mesh(
             dp=config.dp, tp=config.tp, device_type=self.device.type)
@@ -224,6 +227,13 @@ class FSDPTrainEngine(TrainEngine):
             "dp_rank": self.mesh.get_local_rank("dp"), "tp_rank": self.mesh.get_local_rank("tp"),
             "rank": dist.get_rank(), "mesh": self.mesh.mesh.tolist(),
         }
+
+    def resharding_layout(self):
+        """This engine's layout as the resharding planner's `Layout` (tp fastest, FSDP dim-0 shards)."""
+        from rlframe.resharding.layout import Layout
+
+        return Layout(tp=self.config.tp, dp=self.config.dp, fsdp=True,
+                      ranks=tuple(int(r) for r in self.mesh.mesh.flatten().tolist()))
 
     @property
     def is_first_rank(self) -> bool:

@@ -38,20 +38,22 @@ class _VocabParallelLogProb(torch.autograd.Function):
         z_y = _all_reduce(z_y, group)
         log_z = sum_exp.log()
         log_prob = z_y - log_z
-        probs = exp / sum_exp.unsqueeze(-1)
         if with_entropy:
+            probs = exp / sum_exp.unsqueeze(-1)
             mean_z = _all_reduce((probs * z).sum(dim=-1), group)
             entropy = log_z - mean_z
         else:
             mean_z = entropy = torch.zeros_like(log_prob)
-        ctx.save_for_backward(probs, z, mean_z, local, in_slice)
+        # probs are recomputed in backward from z and log_z: one (N, V/tp) tensor saved, not two.
+        ctx.save_for_backward(z, log_z, mean_z, local, in_slice)
         ctx.logits_dtype = logits.dtype
         ctx.with_entropy = with_entropy
         return log_prob, entropy
 
     @staticmethod
     def backward(ctx, grad_log_prob, grad_entropy):
-        probs, z, mean_z, local, in_slice = ctx.saved_tensors
+        z, log_z, mean_z, local, in_slice = ctx.saved_tensors
+        probs = (z - log_z.unsqueeze(-1)).exp()
         grad = -probs * grad_log_prob.unsqueeze(-1)
         rows = torch.nonzero(in_slice, as_tuple=True)[0]
         grad[rows, local[rows]] += grad_log_prob[rows]

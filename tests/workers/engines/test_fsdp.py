@@ -78,9 +78,7 @@ def _state_diff(a: dict, b: dict) -> float:
 
 def _box_errors(engine, truth: dict) -> float:
     """Each local shard equals the ground-truth slice and the box the resharding layout predicts."""
-    from rlframe.resharding.layout import Layout
-
-    layout = Layout(tp=engine.config.tp, dp=engine.config.dp, fsdp=True, ranks=tuple(engine.mesh.mesh.flatten().tolist()))
+    layout = engine.resharding_layout()
     rank = engine.layout()["rank"]
     worst = 0.0
     for name, (shape, box, local) in engine.local_shards().items():

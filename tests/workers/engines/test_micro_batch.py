@@ -38,3 +38,16 @@ def test_given_list_is_used_as_is():
     assert [mb.size for mb in mbs] == [2, 2]
     with pytest.raises(ValueError, match="empty list"):
         plan_micro_batches([], micro_batch_size=None, max_tokens=None, dp_group=None)
+
+
+def test_dataproto_batches_plan_like_dicts():
+    from rlframe.protocol import DataProto
+
+    b = make_batch(batch_size=6)
+    proto = DataProto.from_dict(tensors=b)
+    from_proto = plan_micro_batches(proto, micro_batch_size=4, max_tokens=None, dp_group=None)
+    from_dict = plan_micro_batches(b, micro_batch_size=4, max_tokens=None, dp_group=None)
+    assert [mb.size for mb in from_proto] == [mb.size for mb in from_dict] == [4, 2]
+    for x, y in zip(from_proto, from_dict):
+        assert x.data.keys() == y.data.keys()
+        assert all(torch.equal(x.data[k], y.data[k]) for k in x.data)
