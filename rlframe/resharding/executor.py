@@ -214,6 +214,9 @@ def execute_plan(plan: Plan, *, local: Mapping[str, torch.Tensor], consumer: Con
     # The arena is the only extra memory the executor allocates; reused pieces alias the local shards.
     stats.peak_extra_bytes = arena.numel()
     assert stats.peak_extra_bytes <= bucket_bytes, (stats.peak_extra_bytes, bucket_bytes)
+    if dist.get_backend(group) == "nccl":
+        # NCCL: a batched p2p call must not be the first collective of the group (torch docs).
+        dist.barrier(group=group)
     for bucket in buckets:
         if not any(rank in (p.src, p.dst) for p in bucket):
             continue

@@ -116,3 +116,54 @@ def test_hybridflow_micro_dp_groups_are_consecutive_ranks():
     assert [gen.coords_of(r)[2] for r in range(8)] == [0, 1, 0, 1, 2, 3, 2, 3]
     with pytest.raises(ValueError, match="nest"):
         hybridflow_generation_layout(Layout(tp=2), tp=4)
+
+
+def _fsdp2_tp_shards(rank: int, world_size: int) -> list[str]:
+    """Build HF-named modules, apply DTensor TP + FSDP2 on a (dp=2, tp=2) mesh, compare local shards."""
+    from torch import nn
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    dims = ModelDims(num_layers=1, hidden_size=16, num_heads=4, num_kv_heads=2, intermediate_size=24,
+                     vocab_size=30, qkv_bias=True)
+    torch.manual_seed(0)
+    model = nn.Module()
+    model.model = nn.Module()
+    model.model.embed_tokens = nn.Embedding(dims.vocab_size, dims.hidden_size)
+    layer = nn.Module()
+    layer.self_attn, layer.mlp = nn.Module(), nn.Module()
+    for proj, out in (("q", 16), ("k", 8), ("v", 8)):
+        setattr(layer.self_attn, f"{proj}_proj", nn.Linear(16, out, bias=True))
+    layer.self_attn.o_proj = nn.Linear(16, 16, bias=False)
+    layer.mlp.gate_proj, layer.mlp.up_proj = nn.Linear(16, 24, bias=False), nn.Linear(16, 24, bias=False)
+    layer.mlp.down_proj = nn.Linear(24, 16, bias=False)
+    layer.input_layernorm = nn.LayerNorm(16, bias=False)
+    model.model.layers = nn.ModuleList([layer])
+    model.model.norm = nn.LayerNorm(16, bias=False)
+    model.lm_head = nn.Linear(16, dims.vocab_size, bias=False)
+    full = {n: p.detach().clone() for n, p in model.named_parameters()}
+
+    mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))  # tp fastest: Megatron order
+    plan = {"model.embed_tokens": RowwiseParallel(), "lm_head": ColwiseParallel()}
+    plan.update({f"model.layers.0.self_attn.{p}_proj": ColwiseParallel() for p in "qkv"})
+    plan.update({f"model.layers.0.mlp.{p}_proj": ColwiseParallel() for p in ("gate", "up")})
+    plan.update({"model.layers.0.self_attn.o_proj": RowwiseParallel(), "model.layers.0.mlp.down_proj": RowwiseParallel()})
+    parallelize_module(model, mesh["tp"], plan)
+    fully_shard(model, mesh=mesh["dp"])
+    lay = Layout(tp=2, dp=2, fsdp=True)
+    bad = []
+    for name, p in model.named_parameters():
+        local = p.to_local()
+        box = training_box(name, full[name].shape, lay, rank)
+        ref = full[name][box.slices()] if box is not None else full[name].new_empty((0,) + full[name].shape[1:])
+        if local.shape != ref.shape or not torch.equal(local, ref):
+            bad.append(f"{name}: local {tuple(local.shape)} vs box {box}")
+    return bad
+
+
+def test_training_box_matches_real_fsdp2_plus_dtensor_tp_shards():
+    """The boxes the planner assumes are the shards torch's FSDP2 + DTensor TP really keep (4 gloo ranks)."""
+    from rlframe.utils.spawn import run_distributed
+
+    assert run_distributed(_fsdp2_tp_shards, world_size=4, timeout_s=240) == [[], [], [], []]
