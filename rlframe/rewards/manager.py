@@ -8,8 +8,9 @@ puts each score on the last valid response token, giving the (B, R) tensor of do
 
 A reward function that raises, returns a non-number, or returns NaN/inf for one sample scores that
 sample 0 and adds 1 to `reward/errors`; the first `max_logged_errors` tracebacks are logged.
-A worker process that dies or a batch that exceeds `timeout_s` marks its samples the same way and
-the pool is rebuilt: a reward bug never stops the run.
+A worker process that dies or a batch that exceeds `timeout_s` marks the samples of the chunks not
+finished by then the same way and the pool is rebuilt: a reward bug never stops the run. (Inline
+scoring has no timeout; math-verify applies its own 5 s limit when it runs in a main thread.)
 
 Why a pool is optional: on a 2-core machine a cheap rule reward (~10 us/sample) costs far less
 than shipping the strings to another process, so the default is inline; math-verify (sympy, ~ms
@@ -23,11 +24,11 @@ import logging
 import math
 import multiprocessing
 import os
+import time
 import traceback
 from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
-from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -139,20 +140,24 @@ class RewardManager:
         pool.shutdown(wait=False, cancel_futures=True)
 
     def _run_pool(self, items: list[tuple]) -> list[Outcome]:
+        """Score contiguous chunks in the pool; chunks unfinished at the deadline count as errors."""
         n_chunks = min(len(items), 4 * self.num_workers)
         bounds = np.linspace(0, len(items), n_chunks + 1).astype(int)
         pool = self._get_pool()
         futures = [pool.submit(score_chunk, self.fn_spec, items[a:b]) for a, b in zip(bounds[:-1], bounds[1:])]
+        deadline = time.monotonic() + self.timeout_s
         outcomes: list[Outcome] = []
         broken = False
         for fut, a, b in zip(futures, bounds[:-1], bounds[1:]):
             try:
-                outcomes.extend(fut.result(timeout=None if broken else self.timeout_s))
-            except (FutureTimeout, BrokenProcessPool, Exception) as exc:  # noqa: BLE001
-                broken = True
-                msg = f"reward worker failed for samples {a}..{b - 1}: {exc!r}"
-                outcomes.extend([(0.0, {}, msg)] * (b - a))
-                self._reset_pool()
+                # Once the pool is reset, only results that are already there are taken (timeout 0).
+                outcomes.extend(fut.result(timeout=0 if broken else max(0.0, deadline - time.monotonic())))
+            except Exception as exc:  # noqa: BLE001 - timeout, dead worker or cancelled after a reset
+                what = "timed out" if isinstance(exc, FutureTimeout) else f"failed ({exc!r})"
+                outcomes.extend([(0.0, {}, f"reward worker {what} for samples {a}..{b - 1}")] * (b - a))
+                if not broken:
+                    broken = True
+                    self._reset_pool()
         return outcomes
 
     def compute(

@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import json
 import re
+import threading
 
 from rlframe.rewards.safe_eval import UnsafeExpression, evaluate_expression, number_literals
 
 _NUMBER = r"-?[\d,]*\.?\d+"
+MATH_TIMEOUT_S = 5
 
 
 def _normalize_number(text: str) -> str:
@@ -68,14 +70,17 @@ def math_score(solution_str: str, ground_truth: str) -> float:
     """
     from math_verify import parse, verify
 
+    # math-verify's timeouts use SIGALRM, which only the main thread may set; elsewhere (threaded
+    # Ray actors) they are off and the RewardManager's per-batch timeout bounds a stuck sample.
+    timeout = MATH_TIMEOUT_S if threading.current_thread() is threading.main_thread() else None
     truth = str(ground_truth)
     if "$" not in truth and "\\boxed" not in truth:
         truth = f"${truth}$"
-    gold = parse(truth, parsing_timeout=None)
-    pred = parse(solution_str, parsing_timeout=None)
+    gold = parse(truth, parsing_timeout=timeout)
+    pred = parse(solution_str, parsing_timeout=timeout)
     if not gold or not pred:
         return 0.0
-    return float(verify(gold, pred, timeout_seconds=None))
+    return float(verify(gold, pred, timeout_seconds=timeout))
 
 
 def parse_countdown_truth(ground_truth) -> tuple[int, list[int]]:

@@ -105,3 +105,18 @@ def test_token_level_scores_on_last_valid_token():
     torch.testing.assert_close(out, ref)
     with pytest.raises(ValueError, match=r"\(B,\)"):
         token_level_scores(np.zeros(3), mask)
+
+
+def test_dying_worker_is_counted_and_pool_recovers(tmp_path):
+    f = tmp_path / "die.py"
+    f.write_text(
+        "import os\n"
+        "def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
+        "    if solution_str == 'die':\n        os._exit(3)\n"
+        "    return 0.5\n"
+    )
+    with RewardManager(fn_spec=RewardFnSpec(path=str(f)), num_workers=1, timeout_s=30) as mgr:
+        res = mgr.compute(["die"], data_sources=["t"], ground_truths=["x"])
+        assert res.scores.tolist() == [0.0] and res.metrics["reward/errors"] == 1.0
+        ok = mgr.compute(["a"], data_sources=["t"], ground_truths=["x"])
+    assert ok.scores.tolist() == [0.5]

@@ -1,0 +1,56 @@
+"""Reward scoring inline vs in a process pool, for a cheap rule reward and for math-verify.
+
+Prints a markdown table and replaces the "## Reward manager" section of docs/benchmarks.md.
+The pool is started (and warmed with one batch) before timing: its start-up cost is paid once per
+run, not per step. Reproduce: `python benchmarks/reward_manager.py`
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import numpy as np  # noqa: E402
+import report  # noqa: E402
+
+from rlframe.rewards.manager import RewardManager  # noqa: E402
+
+
+def workloads(batch: int):
+    rng = np.random.default_rng(0)
+    a, b = rng.integers(0, 100, batch), rng.integers(0, 100, batch)
+    arith = ([str(x + y + (i % 2)) for i, (x, y) in enumerate(zip(a, b))], ["arithmetic"] * batch,
+             [str(x + y) for x, y in zip(a, b)])
+    math = ([f"so the answer is $\\boxed{{\\frac{{{x}}}{{{y + 1}}}}}$" for x, y in zip(a, b)], ["math"] * batch,
+            [f"\\frac{{{2 * x}}}{{{2 * (y + 1)}}}" for x, y in zip(a, b)])
+    return {"arithmetic (exact match)": arith, "math (math-verify)": math}
+
+
+def main() -> None:
+    rows = []
+    for batch in (128, 512):
+        for name, (resp, src, gt) in workloads(batch).items():
+            for workers in (0, 1, 2):
+                with RewardManager(num_workers=workers) as mgr:
+                    t0 = time.perf_counter()
+                    mgr.compute(resp[:4], data_sources=src[:4], ground_truths=gt[:4])  # start + warm the pool
+                    start = time.perf_counter() - t0
+                    sec = report.median_seconds(lambda: mgr.compute(resp, data_sources=src, ground_truths=gt), 3)
+                rows.append([name, batch, workers, f"{sec * 1e3:.1f}", f"{sec / batch * 1e6:.0f}", f"{start:.2f}"])
+                print(rows[-1], flush=True)
+    table = report.markdown_table(
+        ["reward", "batch", "num_workers (0 = inline)", "median ms / batch", "us / sample", "pool start s"], rows)
+    body = (
+        "Reproduce: `python benchmarks/reward_manager.py`\n"
+        f"{report.machine_line()} Median of 3 batches after a warm-up batch; the machine was shared with "
+        "other jobs, so absolute numbers vary between runs.\n\n" + table
+    )
+    print(table)
+    report.write_section("## Reward manager", body)
+
+
+if __name__ == "__main__":
+    main()
