@@ -90,12 +90,20 @@ class TrainEngine(abc.ABC):
     config: TrainEngineConfig
 
     @abc.abstractmethod
-    def forward_log_probs(self, batch, *, temperature: float = 1.0, with_entropy: bool = False) -> dict[str, torch.Tensor]:
-        """{"log_probs": (B, R)[, "entropy": (B, R)]} of this rank's batch, no gradient."""
+    def forward_log_probs(self, batch, *, temperature: float = 1.0, with_entropy: bool = False,
+                          micro_batch_size: int | None = None,
+                          max_tokens_per_micro_batch: int | None = None) -> dict[str, torch.Tensor]:
+        """{"log_probs": (B, R)[, "entropy": (B, R)]} of this rank's batch, no gradient, on CPU.
+
+        Logits are divided by `temperature` first (the rollout's sampling temperature). Micro-batch
+        sizes default to the config's.
+        """
 
     @abc.abstractmethod
-    def forward_values(self, batch) -> torch.Tensor:
-        """Critic values (B, R): value of the state before each response token, no gradient."""
+    def forward_values(self, batch, *, micro_batch_size: int | None = None,
+                       max_tokens_per_micro_batch: int | None = None) -> torch.Tensor:
+        """Critic values (B, R) on CPU, no gradient: values[:, r] is the value of the state before
+        response token r (read at position P + r - 1, like the log-probs)."""
 
     @abc.abstractmethod
     def train_step(self, loss_fn: LossFn, micro_batches, *, temperature: float = 1.0,

@@ -132,7 +132,7 @@ def _invariants(path, world, batch, ref, errors):
         ("padded", {"remove_padding": False, "micro_batch_size": 3}, batch),
     ):
         engine = _engine(path, head="lm", dp=1, tp=1, world=world, **kwargs)
-        out = engine.forward_log_probs(batch, with_entropy=True)
+        out = engine.forward_log_probs(batch, with_entropy=True, micro_batch_size=8 if name == "1x8" else None)
         errors[f"inv/{name}/log_probs"] = max_abs_diff(out["log_probs"], ref["out"]["log_probs"], batch["response_mask"])
         m = engine.train_step(policy_loss, mbs, with_entropy=True)
         errors[f"inv/{name}/loss"] = abs(m["loss"] - ref["step"]["loss"])
