@@ -22,7 +22,8 @@ class ModelShape:
     max_positions: int = 512
 
 
-# head_dim = hidden_size / num_heads is 32 or 64 everywhere: sizes vLLM's CPU attention supports.
+# head_dim = hidden_size / num_heads is 32 or 64 (sizes vLLM's CPU attention supports) in every preset
+# but `test` (head_dim 16), which unit tests use with transformers only.
 PRESETS: dict[str, ModelShape] = {
     "test": ModelShape(hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=128),
     "demo": ModelShape(hidden_size=128, num_layers=4, num_heads=4, num_kv_heads=2, intermediate_size=384),

@@ -52,15 +52,3 @@ def test_unknown_task_and_preset_are_errors(tmp_path):
         build_pretrained_model(task="poetry", cache_dir=tmp_path)
     with pytest.raises(ValueError, match="unknown model preset"):
         build_pretrained_model(preset="huge", cfg=TINY, cache_dir=tmp_path)
-
-
-def test_correctness_needs_the_answer_then_eos():
-    from rlframe.data.tiny_eval import _is_correct
-
-    tok = build_char_tokenizer()
-    ids = tok.encode("81", add_special_tokens=False)
-    eos, pad = tok.eos_token_id, tok.pad_token_id
-    assert _is_correct(tok, ids + [eos, pad], "81") == (True, True)
-    assert _is_correct(tok, ids + [eos], "18") == (False, True)
-    assert _is_correct(tok, ids + ids, "81") == (False, False)  # no EOS within the budget
-    assert _is_correct(tok, ids + tok.encode("1", add_special_tokens=False) + [eos], "81") == (False, True)

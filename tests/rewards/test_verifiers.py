@@ -2,7 +2,6 @@ import json
 
 import pytest
 
-from rlframe.rewards.safe_eval import UnsafeExpression, evaluate_expression, number_literals
 from rlframe.rewards.verifiers import (
     countdown_score,
     exact_match,
@@ -44,16 +43,6 @@ def test_gsm8k_strict_and_flexible():
 )
 def test_math_score_uses_symbolic_equivalence(response, truth, expected):
     assert math_score(response, truth) == expected
-
-
-def test_safe_eval_accepts_arithmetic_only():
-    assert evaluate_expression("(3+5)*7") == 56
-    assert evaluate_expression("-2*3 - 1") == -7
-    assert evaluate_expression("7/2") == 3.5
-    assert number_literals("(3+5)*7") == [3, 5, 7]
-    for bad in ["__import__('os')", "2**100", "a+1", "1/0", "", "[1,2]", "3 if 1 else 2", "9" * 30]:
-        with pytest.raises(UnsafeExpression):
-            evaluate_expression(bad)
 
 
 def test_countdown_score():
