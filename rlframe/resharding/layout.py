@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from functools import lru_cache
 from itertools import product
 
 from rlframe.resharding.box import Box, chunk_box
@@ -31,6 +32,7 @@ _DIM1 = ("o_proj", "down_proj")
 _DIMS = ("tp", "dp", "pp")
 
 
+@lru_cache(maxsize=65536)  # called per (parameter, rank) by planners of large clusters
 def hf_tp_split_dim(name: str) -> int | None:
     """The dim a Megatron-style tensor-parallel layer splits HF parameter `name` on (None: replicated).
 
@@ -65,6 +67,7 @@ def stage_layer_range(num_layers: int, *, pp: int, stage: int) -> range:
     return range(lo, lo + base + (1 if stage < extra else 0))
 
 
+@lru_cache(maxsize=65536)
 def param_stage(name: str, *, num_layers: int, pp: int) -> int:
     """Pipeline stage that owns HF parameter `name` (embedding first, final norm + lm_head last)."""
     if pp == 1:
@@ -180,7 +183,9 @@ class Layout:
 
     def describe(self) -> str:
         kind = "fsdp" if self.fsdp else "replicated"
-        return f"pp={self.pp} tp={self.tp} dp={self.dp}({kind}) on ranks {list(self.ranks)}"
+        lo, hi = min(self.ranks), max(self.ranks)
+        where = f"{lo}..{hi}" if hi - lo + 1 == self.size else str(list(self.ranks))
+        return f"pp={self.pp} tp={self.tp} dp={self.dp} ({kind}) on ranks {where}"
 
 
 def training_box(name: str, shape, layout: Layout, rank: int, *, num_layers: int | None = None) -> Box | None:

@@ -38,7 +38,7 @@ class ParamMeta:
 
     @property
     def itemsize(self) -> int:
-        return torch.empty((), dtype=self.dtype).element_size()
+        return self.dtype.itemsize
 
 
 @dataclass(frozen=True)
@@ -118,6 +118,8 @@ def _try_merge(a: Box, b: Box) -> Box | None:
 
 def merge_boxes(boxes: list[Box]) -> list[Box]:
     """Greedily merge adjacent boxes until no pair can be merged (order-deterministic)."""
+    if len(boxes) <= 1:
+        return list(boxes)
     out = list(boxes)
     merged = True
     while merged:
@@ -135,20 +137,29 @@ def merge_boxes(boxes: list[Box]) -> list[Box]:
     return sorted(out, key=lambda b: b.offsets)
 
 
-def _plan_one(name: str, rank: int, need: Box, holders: dict[int, Box], load: dict[int, int],
-              itemsize: int) -> list[Transfer]:
-    own = holders.get(rank)
+def _candidates(need: Box, groups: dict[Box, list[int]], name: str) -> list[tuple[Box, list[int]]]:
+    """Cells of `need` with the source ranks holding each (depends on the box, not on the rank)."""
+    touching = [b for b in groups if b.intersect(need) is not None]
+    out = []
+    for cell in _cells(need, touching):
+        cands = [s for b in touching if b.contains(cell) for s in groups[b]]
+        if not cands:
+            raise ValueError(
+                f"no source rank holds {cell} of {name!r}, which a destination rank needs; "
+                "the source layout must cover every parameter completely"
+            )
+        out.append((cell, cands))
+    return out
+
+
+def _plan_one(name: str, rank: int, cells: list[tuple[Box, list[int]]], own: Box | None,
+              load: dict[int, int], itemsize: int) -> list[Transfer]:
+    """Transfers that complete one destination box on `rank`: reuse what it holds, else the least-loaded holder."""
     by_src: dict[int, list[Box]] = {}
-    for cell in _cells(need, list(holders.values())):
+    for cell, cands in cells:
         if own is not None and own.contains(cell):
             by_src.setdefault(rank, []).append(cell)
             continue
-        cands = [s for s, h in holders.items() if h.contains(cell)]
-        if not cands:
-            raise ValueError(
-                f"no source rank holds {cell} of {name!r}, which destination rank {rank} needs; "
-                "the source layout must cover every parameter completely"
-            )
         src = min(cands, key=lambda s: (load[s], s))
         load[src] += cell.numel * itemsize
         by_src.setdefault(src, []).append(cell)
@@ -166,18 +177,23 @@ def plan_reshard(params: Mapping[str, ParamMeta], *, src: Layout, dst: Layout,
     load = {r: 0 for r in src.ranks}
     transfers: list[Transfer] = []
     for name, meta in params.items():
-        holders = {}
+        # Replicas hold identical boxes (Megatron dp on the source side, generation dp on the
+        # destination side): cut each distinct destination box against each distinct source box once.
+        groups: dict[Box, list[int]] = {}
         for r in src.ranks:
             b = src.box(name, meta.shape, r, num_layers=num_layers)
             if b is not None:
-                holders[r] = src_boxes[(name, r)] = b
+                src_boxes[(name, r)] = b
+                groups.setdefault(b, []).append(r)
+        cells: dict[Box, list] = {}
         for r in dst.ranks:
             need = dst.box(name, meta.shape, r, num_layers=num_layers)
             if need is None:
                 continue
             dst_boxes[(name, r)] = need
-            transfers += _plan_one(name, r, need, {s: b for s, b in holders.items() if b.intersect(need)},
-                                   load, meta.itemsize)
+            if need not in cells:
+                cells[need] = _candidates(need, groups, name)
+            transfers += _plan_one(name, r, cells[need], src_boxes.get((name, r)), load, meta.itemsize)
     return Plan(params, src, dst, transfers, src_boxes, dst_boxes)
 
 
@@ -226,8 +242,9 @@ def make_buckets(plan: Plan, *, bucket_bytes: int) -> list[list[Transfer]]:
     for t in plan.transfers:
         itemsize = plan.params[t.name].itemsize
         # Keep the aligned size of a piece within the bucket even in the worst padding case.
-        pieces = [t] if t.local else [
-            Transfer(t.name, b, t.src, t.dst) for b in split_box(t.box, max(1, (bucket_bytes - ALIGN) // itemsize))
+        max_numel = max(1, (bucket_bytes - ALIGN) // itemsize)
+        pieces = [t] if t.local or t.box.numel <= max_numel else [
+            Transfer(t.name, b, t.src, t.dst) for b in split_box(t.box, max_numel)
         ]
         for p in pieces:
             cost = 0 if p.local else aligned(p.box.numel * itemsize)
