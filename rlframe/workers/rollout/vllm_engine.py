@@ -85,6 +85,30 @@ def _distributed_kwargs(tp: int) -> dict:
     return kw
 
 
+def llm_kwargs(model_path: str, config: RolloutConfig, *, is_cpu: bool, sleep_supported: bool) -> dict:
+    """The `vllm.LLM(...)` keywords for `config` in the calling process group."""
+    kwargs = dict(
+        model=model_path, dtype=config.dtype, max_model_len=config.max_model_len,
+        max_num_seqs=config.max_num_seqs, enforce_eager=config.enforce_eager, seed=config.seed,
+        gpu_memory_utilization=config.gpu_memory_utilization, kv_cache_memory_bytes=config.kv_cache_bytes,
+        enable_prefix_caching=config.enable_prefix_caching, logprobs_mode=_LOGPROBS_MODE[config.logprobs_mode],
+        load_format=config.load_format, enable_sleep_mode=sleep_supported, disable_log_stats=True,
+    )
+    chunked = config.enable_chunked_prefill
+    if chunked is None:
+        chunked = not is_cpu  # see RolloutConfig.enable_chunked_prefill
+    kwargs["enable_chunked_prefill"] = chunked
+    if not chunked:  # without chunking a whole prompt must fit one step's token budget
+        kwargs["max_num_batched_tokens"] = max(config.max_model_len, 8192)
+    if config.max_num_batched_tokens is not None:
+        kwargs["max_num_batched_tokens"] = config.max_num_batched_tokens
+    if config.block_size is not None:
+        kwargs["block_size"] = config.block_size
+    kwargs.update(_distributed_kwargs(config.tensor_parallel_size))
+    kwargs.update(config.vllm_kwargs)
+    return kwargs
+
+
 class VLLMRolloutEngine(RolloutEngine):
     """In-process vLLM engine; see the module docstring for the dataflow."""
 
@@ -105,19 +129,7 @@ class VLLMRolloutEngine(RolloutEngine):
         self.tp = config.tensor_parallel_size
         self.is_cpu = current_platform.is_cpu()
         self.sleep_supported = current_platform.is_sleep_mode_available()
-        kwargs = dict(
-            model=self.model_path, dtype=config.dtype, max_model_len=config.max_model_len,
-            max_num_seqs=config.max_num_seqs, enforce_eager=config.enforce_eager, seed=config.seed,
-            gpu_memory_utilization=config.gpu_memory_utilization, kv_cache_memory_bytes=config.kv_cache_bytes,
-            enable_prefix_caching=config.enable_prefix_caching, logprobs_mode=_LOGPROBS_MODE[config.logprobs_mode],
-            load_format=config.load_format, enable_sleep_mode=self.sleep_supported, disable_log_stats=True,
-        )
-        if config.max_num_batched_tokens is not None:
-            kwargs["max_num_batched_tokens"] = config.max_num_batched_tokens
-        if config.block_size is not None:
-            kwargs["block_size"] = config.block_size
-        kwargs.update(_distributed_kwargs(self.tp))
-        kwargs.update(config.vllm_kwargs)
+        kwargs = llm_kwargs(self.model_path, config, is_cpu=self.is_cpu, sleep_supported=self.sleep_supported)
         # vLLM's CPU worker replaces torch.set_num_threads process-wide; the training engine in this
         # process must keep control of its threads, so the original is put back.
         set_num_threads = torch.set_num_threads
@@ -177,6 +189,11 @@ class VLLMRolloutEngine(RolloutEngine):
                                                  "gen_tokens": n_tok})
 
     # ------------------------------------------------------------------ weights
+    @property
+    def needed_boxes(self) -> dict:
+        """{HF name: Box} this rank must receive per update (what the resharding planner must deliver)."""
+        return dict(self._needed)
+
     @property
     def last_sync_stats(self) -> WeightSyncStats:
         return self._last_stats
@@ -263,7 +280,9 @@ class VLLMRolloutEngine(RolloutEngine):
             self._asleep = False
 
     def shutdown(self) -> None:
-        llm = getattr(self, "llm", None)
-        if llm is not None:
-            del self.llm
+        """Drop the engine. Call it only when the worker is done with torch.distributed too: vLLM's
+        teardown (EngineCore.shutdown -> cleanup_dist_env_and_memory) also destroys the default
+        process group it joined, which is the worker's own group under external_launcher."""
+        if getattr(self, "llm", None) is not None:
             self._runner = None
+            del self.llm

@@ -15,11 +15,14 @@ differs, and the generation layout must follow vLLM there:
 - k/v projections when tp > num_kv_heads: vLLM replicates kv heads, rank r reads head
   r // (tp / num_kv_heads).
 
-Memory: a parameter is held from its first piece until its box is complete; with pieces ordered by
-layer (the planner's order) that is about one decoder layer. For vLLM's checkpoint-format loader at
-TP > 1 the buffer has the parameter's full shape (the loader narrows it to the rank's slice itself)
-but only the rank's box is written: the rest is `torch.empty`, whose untouched pages are never
-faulted in, so resident memory stays the rank's slice.
+Memory: a parameter is held from its first piece until its box is complete, and vLLM's layer-wise
+reload keeps the tensors of a layer until all of that layer's weights arrived; with pieces ordered
+by layer (the planner's order) that is about one decoder layer. For vLLM's checkpoint-format
+loader at TP > 1 the buffer has the parameter's full shape (the loader narrows it to the rank's
+slice itself) but only the rank's box is written: the rest is `torch.empty`, whose untouched pages
+are never faulted in. For dim-0 splits (q/k/v/gate/up, vocabulary) resident memory is therefore the
+rank's slice; for dim-1 splits (o_proj, down_proj) every row is written, so those buffers become
+resident in full (still one layer's worth at a time).
 """
 
 from __future__ import annotations

@@ -30,7 +30,7 @@ def engines(tmp_path_factory):
 
 
 def _load_both(vllm_engine, hf_engine, state):
-    vllm_engine.update_weights(piece_buckets(state, vllm_engine._needed))
+    vllm_engine.update_weights(piece_buckets(state, vllm_engine.needed_boxes))
     hf_engine.update_weights(state)
 
 

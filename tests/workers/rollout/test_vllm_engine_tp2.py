@@ -29,14 +29,14 @@ def _tp2_rank(rank: int, world_size: int, model_path: str) -> dict:
         backend="vllm", tensor_parallel_size=2, kv_cache_bytes=64 << 20, max_model_len=128, max_num_seqs=64))
     hf = HFRolloutEngine(model_path, config=RolloutConfig(backend="hf"))
     prompts = prompt_batch(hf.tokenizer, 16)
-    out = {"needed": {n: (b.offsets, b.sizes) for n, b in engine._needed.items()}}
+    out = {"needed": {n: (b.offsets, b.sizes) for n, b in engine.needed_boxes.items()}}
 
     before = engine.generate(prompts, greedy).batch
     out["initial_equal"] = torch.equal(before["responses"], hf.generate(prompts, greedy).batch["responses"])
 
     new = perturbed({n: p.detach() for n, p in hf.model.named_parameters()}, seed=3)
     with engine.weight_update(outside_fill=float("nan")) as consume:
-        for bucket in piece_buckets(new, engine._needed):
+        for bucket in piece_buckets(new, engine.needed_boxes):
             consume(bucket)
     out["stats"] = engine.last_sync_stats.as_dict()
     hf.update_weights(new)
