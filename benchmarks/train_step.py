@@ -48,34 +48,37 @@ def _loss(outputs, mb):
 
 
 def _bench(rank, world, path, batch_kw, steps):
+    """Round-robin over the four configurations, one step each per round, so that load changes on
+    the shared CPU hit all of them alike; every configuration gets one warm-up step first."""
     import torch
     from torch.distributed.device_mesh import init_device_mesh
 
     from rlframe.workers.engines import TrainEngineConfig, get_train_engine
 
-    rows = []
     batch = make_batch(**batch_kw)
+    runs = []
     for dp, tp in ((2, 1), (1, 2)):
         for packed in (True, False):
             mesh = init_device_mesh("cpu", (dp, tp), mesh_dim_names=("dp", "tp"))
             cfg = TrainEngineConfig(model_path=path, dp=dp, tp=tp, lr=1e-5, remove_padding=packed)
             engine = get_train_engine("fsdp")(cfg, device_mesh=mesh)
-            d = mesh.get_local_rank("dp")
-            n = batch["input_ids"].shape[0] // dp
+            d, n = mesh.get_local_rank("dp"), batch["input_ids"].shape[0] // dp
             mine = {k: v[d * n : (d + 1) * n] for k, v in batch.items()}
             engine.train_step(_loss, mine)  # warm-up
-            times = []
-            for _ in range(steps):
-                torch.distributed.barrier()
-                t0 = time.perf_counter()
-                m = engine.train_step(_loss, mine)
-                torch.distributed.barrier()
-                times.append(time.perf_counter() - t0)
-            times.sort()
-            rows.append({"dp": dp, "tp": tp, "packed": packed, "step_s": times[0],
-                         "median_s": times[len(times) // 2], "tokens_valid": m["tokens_valid"],
-                         "tokens_computed": m["tokens_computed"], "tokens_padded": m["tokens_padded"]})
-            del engine
+            runs.append({"dp": dp, "tp": tp, "packed": packed, "engine": engine, "batch": mine, "times": []})
+    for _ in range(steps):
+        for r in runs:
+            torch.distributed.barrier()
+            t0 = time.perf_counter()
+            r["metrics"] = r["engine"].train_step(_loss, r["batch"])
+            torch.distributed.barrier()
+            r["times"].append(time.perf_counter() - t0)
+    rows = []
+    for r in runs:
+        times, m = sorted(r["times"]), r["metrics"]
+        rows.append({"dp": r["dp"], "tp": r["tp"], "packed": r["packed"], "step_s": times[0],
+                     "median_s": times[len(times) // 2], "tokens_valid": m["tokens_valid"],
+                     "tokens_computed": m["tokens_computed"], "tokens_padded": m["tokens_padded"]})
     return rows
 
 
@@ -95,7 +98,8 @@ def run(preset: str, batch_size: int, steps: int) -> tuple[str, list[dict]]:
         f"`train_step` of the `{preset}` preset ({params / 1e6:.2f}M parameters, hidden {shape.hidden_size}, "
         f"{shape.num_layers} layers), fp32, 2 gloo ranks x 1 thread; batch {batch_size} sequences, "
         f"prompts {prompt_len // 4}-{prompt_len} + responses {response_len // 8}-{response_len} tokens "
-        f"(mixed lengths), one micro-batch per rank, {steps} timed steps after one warm-up. "
+        f"(mixed lengths), one micro-batch per rank, {steps} timed steps per configuration after one "
+        "warm-up, taken round-robin across configurations. "
         "The CPU is shared with other jobs, so tokens/s uses the fastest step (median shown too). "
         f"Tokens = valid tokens; model FLOPs = 6 x params x tokens; ceiling = {CEILING_GFLOPS:.0f} GFLOP/s "
         "(fp32 matmul, 2 threads).",
