@@ -156,7 +156,11 @@ def worker(rank: int, world_size: int) -> list[dict]:
 def main() -> None:
     from rlframe.utils.spawn import run_distributed
 
+    import os
+
+    load_before = os.getloadavg()[0]
     per_rank = run_distributed(worker, world_size=WORLD, timeout_s=1800, env={"RLFRAME_THREADS_PER_RANK": "1"})
+    load_after = os.getloadavg()[0]
     n_params = sum(torch.Size(s).numel() for s in hf_param_shapes(model_dims()).values())
     rows = []
     for i, first in enumerate(per_rank[0]):
@@ -177,7 +181,17 @@ def main() -> None:
             "(planning time in its own column); "
             "(b) all-gather of every full tensor on every rank, one tensor at a time (verl); "
             "(c) rank-0 gather then broadcast of every full tensor (OpenRLHF).\n"
-            f"{report.machine_line()}\n\nReproduce: `python benchmarks/reshard.py`\n\n{table}\n")
+            f"{report.machine_line()} The machine was shared with other jobs (1-minute load average "
+            f"{load_before:.0f} before, {load_after:.0f} after, on 2 cores): times of one run vary up to 2x "
+            "between runs; bytes are exact and repeatable.\n\n"
+            f"Reproduce: `python benchmarks/reshard.py`\n\n{table}\n\n"
+            "Received MB: bytes that arrived over the network (rlframe counts payload only; reused local "
+            "bytes are not received). Peak extra MB: rlframe's one buffer arena (packed sends + receives "
+            "of its largest bucket; contiguous pieces are sent straight from the shard); for (b)/(c) the "
+            "shard copies plus one full tensor. On CPU the time goes to memory copies (packing strided "
+            "pieces, gloo's TCP loopback copies in and out of the kernel, the consumer's copy) and to 4 ranks "
+            "sharing 2 cores, not to the network; first-touch page faults of a large arena make 256 MB "
+            "buckets slower than 32 MB ones here.\n")
     print(table)
     report.write_section("## Resharding", body)
 
