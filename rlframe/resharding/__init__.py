@@ -26,11 +26,19 @@ from rlframe.resharding.layout import (
     stage_layer_range,
     training_box,
 )
-from rlframe.resharding.planner import ParamMeta, Plan, Transfer, make_buckets, param_metas, plan_reshard
+from rlframe.resharding.planner import (
+    ParamMeta,
+    Plan,
+    Transfer,
+    cached_plan,
+    make_buckets,
+    param_metas,
+    plan_reshard,
+)
 
 __all__ = [
     "Box", "chunk_box", "Layout", "hf_tp_split_dim", "hybridflow_generation_layout", "param_stage",
     "stage_layer_range", "training_box", "ParamMeta", "Plan", "Transfer", "make_buckets", "param_metas",
-    "plan_reshard", "ReshardStats", "assemble", "execute_plan", "ModelDims", "hf_param_shapes",
+    "plan_reshard", "cached_plan", "ReshardStats", "assemble", "execute_plan", "ModelDims", "hf_param_shapes",
     "hf_to_megatron", "hf_to_vllm", "megatron_to_hf", "vllm_to_hf",
 ]

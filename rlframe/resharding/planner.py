@@ -18,7 +18,6 @@ The plan is a pure function of its inputs: every rank computes the same plan wit
 
 from __future__ import annotations
 
-from bisect import bisect_left
 from dataclasses import dataclass
 from itertools import product
 from typing import Mapping
@@ -195,6 +194,21 @@ def plan_reshard(params: Mapping[str, ParamMeta], *, src: Layout, dst: Layout,
                 cells[need] = _candidates(need, groups, name)
             transfers += _plan_one(name, r, cells[need], src_boxes.get((name, r)), load, meta.itemsize)
     return Plan(params, src, dst, transfers, src_boxes, dst_boxes)
+
+
+_PLAN_CACHE: dict[tuple, Plan] = {}
+_PLAN_CACHE_SIZE = 8
+
+
+def cached_plan(params: Mapping[str, ParamMeta], *, src: Layout, dst: Layout,
+                num_layers: int | None = None) -> Plan:
+    """`plan_reshard` memoised on its inputs: a layout pair's plan is the same at every weight sync."""
+    key = (tuple(params.items()), src, dst, num_layers)
+    if key not in _PLAN_CACHE:
+        if len(_PLAN_CACHE) >= _PLAN_CACHE_SIZE:
+            _PLAN_CACHE.pop(next(iter(_PLAN_CACHE)))
+        _PLAN_CACHE[key] = plan_reshard(params, src=src, dst=dst, num_layers=num_layers)
+    return _PLAN_CACHE[key]
 
 
 def split_box(box: Box, max_numel: int) -> list[Box]:

@@ -5,7 +5,7 @@ import torch
 
 from rlframe.resharding.box import Box
 from rlframe.resharding.layout import Layout, hf_tp_split_dim
-from rlframe.resharding.planner import make_buckets, merge_boxes, plan_reshard, split_box
+from rlframe.resharding.planner import cached_plan, make_buckets, merge_boxes, param_metas, plan_reshard, split_box
 from tests.resharding.pairs import DIMS, layout_pairs, metas
 
 PAIRS = layout_pairs()
@@ -91,3 +91,16 @@ def test_buckets_bound_bytes_per_rank_and_keep_every_byte(bucket):
             == plan.bytes_received(r)
     with pytest.raises(ValueError, match="bucket_bytes"):
         make_buckets(plan, bucket_bytes=8)
+
+
+def test_cached_plan_is_reused_and_equals_a_fresh_plan():
+    src, dst = Layout(tp=2, dp=2, fsdp=True), Layout(tp=4)
+    a = cached_plan(metas(), src=src, dst=dst)
+    assert cached_plan(metas(), src=Layout(tp=2, dp=2, fsdp=True), dst=Layout(tp=4)) is a
+    assert a.transfers == plan_reshard(metas(), src=src, dst=dst).transfers
+    assert cached_plan(metas(), src=src, dst=Layout(tp=2, dp=2)) is not a
+
+
+def test_param_metas_from_tensors():
+    got = param_metas({"w": torch.zeros(3, 4, dtype=torch.bfloat16), "b": torch.zeros(5, device="meta")})
+    assert got["w"].shape == (3, 4) and got["w"].itemsize == 2 and got["b"].itemsize == 4
