@@ -190,8 +190,10 @@ def main() -> None:
             "of its largest bucket; contiguous pieces are sent straight from the shard); for (b)/(c) the "
             "shard copies plus one full tensor. On CPU the time goes to memory copies (packing strided "
             "pieces, gloo's TCP loopback copies in and out of the kernel, the consumer's copy) and to 4 ranks "
-            "sharing 2 cores, not to the network; first-touch page faults of a large arena make 256 MB "
-            "buckets slower than 32 MB ones here.\n")
+            "sharing 2 cores, not to the network. 32 MB buckets were faster than 256 MB in most rows over "
+            "three runs (a smaller arena takes fewer first-touch page faults), not in all. Where every rank "
+            "needs the whole model (FSDP -> tp=1) no scheme can receive fewer bytes, and the three methods "
+            "are within run-to-run noise.\n")
     print(table)
     report.write_section("## Resharding", body)
 
