@@ -9,7 +9,7 @@
 """
 
 from rlframe.resharding.box import Box, chunk_box
-from rlframe.resharding.executor import ReshardStats, assemble, execute_plan
+from rlframe.resharding.executor import ReshardStats, ShardAssembler, assemble, execute_plan
 from rlframe.resharding.formats import (
     ModelDims,
     hf_param_shapes,
@@ -39,6 +39,6 @@ from rlframe.resharding.planner import (
 __all__ = [
     "Box", "chunk_box", "Layout", "hf_tp_split_dim", "hybridflow_generation_layout", "param_stage",
     "stage_layer_range", "training_box", "ParamMeta", "Plan", "Transfer", "make_buckets", "param_metas",
-    "plan_reshard", "cached_plan", "ReshardStats", "assemble", "execute_plan", "ModelDims", "hf_param_shapes",
+    "plan_reshard", "cached_plan", "ReshardStats", "ShardAssembler", "assemble", "execute_plan", "ModelDims", "hf_param_shapes",
     "hf_to_megatron", "hf_to_vllm", "megatron_to_hf", "vllm_to_hf",
 ]

@@ -239,3 +239,43 @@ def assemble(pieces_by_name: Mapping[str, list[Piece]], boxes: Mapping[str, Box]
             t[b.relative_to(box).slices()] = x
         out[name] = t
     return out
+
+
+class ShardAssembler:
+    """Consumer adapter: turns streamed pieces into one tensor per parameter covering its whole box.
+
+    `ShardAssembler(boxes, on_complete)` is itself a consumer for `execute_plan`. A piece that already
+    covers its parameter's box is passed through untouched (no copy; still a view into the executor's
+    buffers or the local shard); otherwise pieces are copied into a tensor of the box's size that is
+    handed on, once complete, as `(name, box, tensor)`. `on_complete` gets the parameters completed by
+    each bucket (as a list), so fused formats (vLLM's qkv_proj) can be built from whole shards.
+    Extra memory: the partially filled parameters (at most the ones split across a bucket boundary).
+    """
+
+    def __init__(self, boxes: Mapping[str, Box], on_complete: Consumer):
+        self.boxes = dict(boxes)
+        self.on_complete = on_complete
+        self._partial: dict[str, tuple[torch.Tensor, int]] = {}
+
+    def __call__(self, pieces: list[Piece]) -> None:
+        done = []
+        for name, box, t in pieces:
+            whole = self.boxes[name]
+            if box == whole:
+                done.append((name, box, t))
+                continue
+            buf, filled = self._partial.get(name) or (torch.empty(whole.sizes, dtype=t.dtype, device=t.device), 0)
+            buf[box.relative_to(whole).slices()] = t
+            filled += box.numel
+            if filled == whole.numel:
+                del self._partial[name]
+                done.append((name, whole, buf))
+            else:
+                self._partial[name] = (buf, filled)
+        if done:
+            self.on_complete(done)
+
+    @property
+    def pending(self) -> list[str]:
+        """Parameters with some but not all pieces received (empty after a complete reshard)."""
+        return sorted(self._partial)

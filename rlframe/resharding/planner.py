@@ -81,6 +81,17 @@ class Plan:
     def ranks(self) -> tuple[int, ...]:
         return tuple(sorted(set(self.src.ranks) | set(self.dst.ranks)))
 
+    def summary(self) -> str:
+        """Per-rank bytes of the plan as a markdown table (for dry runs and logs)."""
+        full = sum(Box.full(m.shape).numel * m.itemsize for m in self.params.values())
+        lines = [f"reshard {self.src.describe()} -> {self.dst.describe()}; model {full / 1e6:.1f} MB",
+                 "| rank | received MB | sent MB | reused in place MB | received / model |", "|---|---|---|---|---|"]
+        for r in self.ranks:
+            got = self.bytes_received(r)
+            lines.append(f"| {r} | {got / 1e6:.2f} | {self.bytes_sent(r) / 1e6:.2f} | "
+                         f"{self.bytes_reused(r) / 1e6:.2f} | {got / full:.4f} |")
+        return "\n".join(lines)
+
 
 def param_metas(tensors: Mapping[str, object]) -> dict[str, ParamMeta]:
     """{name: ParamMeta} from full tensors (or anything with .shape and .dtype, e.g. meta tensors)."""

@@ -104,3 +104,13 @@ def test_cached_plan_is_reused_and_equals_a_fresh_plan():
 def test_param_metas_from_tensors():
     got = param_metas({"w": torch.zeros(3, 4, dtype=torch.bfloat16), "b": torch.zeros(5, device="meta")})
     assert got["w"].shape == (3, 4) and got["w"].itemsize == 2 and got["b"].itemsize == 4
+
+
+def test_summary_lists_every_rank_with_its_bytes():
+    src = Layout(tp=4)
+    from rlframe.resharding.layout import hybridflow_generation_layout
+
+    plan = plan_reshard(metas(), src=src, dst=hybridflow_generation_layout(src, tp=2))
+    text = plan.summary()
+    assert "pp=1 tp=4 dp=1" in text and len(text.splitlines()) == 3 + 4
+    assert f"| 2 | {plan.bytes_received(2) / 1e6:.2f} |" in text
