@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from itertools import product
-from typing import Mapping
+from typing import Callable, Mapping
 
 import torch
 
@@ -176,13 +176,22 @@ def _plan_one(name: str, rank: int, cells: list[tuple[Box, list[int]]], own: Box
     return [Transfer(name, b, s, rank) for s in sorted(by_src) for b in merge_boxes(by_src[s])]
 
 
+BoxFn = Callable[[str, tuple, int], "Box | None"]  # (name, global shape, global rank) -> box held/needed
+
+
 def plan_reshard(params: Mapping[str, ParamMeta], *, src: Layout, dst: Layout,
-                 num_layers: int | None = None) -> Plan:
+                 num_layers: int | None = None, src_box: BoxFn | None = None,
+                 dst_box: BoxFn | None = None) -> Plan:
     """Plan moving every parameter from layout `src` to layout `dst` (global ranks on both sides).
 
     `params` maps HF names to ParamMeta (see `param_metas`); `num_layers` is needed when pp > 1.
+    `src_box` / `dst_box` replace the layouts' Megatron split rule where an engine slices differently
+    (e.g. vLLM pads the vocabulary before splitting it and replicates kv heads when tp > num_kv_heads);
+    the layouts still name the ranks.
     """
     params = dict(params)
+    src_box = src_box or (lambda n, shape, r: src.box(n, shape, r, num_layers=num_layers))
+    dst_box = dst_box or (lambda n, shape, r: dst.box(n, shape, r, num_layers=num_layers))
     src_boxes, dst_boxes = {}, {}
     load = {r: 0 for r in src.ranks}
     transfers: list[Transfer] = []
@@ -191,14 +200,14 @@ def plan_reshard(params: Mapping[str, ParamMeta], *, src: Layout, dst: Layout,
         # destination side): cut each distinct destination box against each distinct source box once.
         groups: dict[Box, list[int]] = {}
         for r in src.ranks:
-            b = src.box(name, meta.shape, r, num_layers=num_layers)
-            if b is not None:
+            b = src_box(name, meta.shape, r)
+            if b is not None and not b.empty:
                 src_boxes[(name, r)] = b
                 groups.setdefault(b, []).append(r)
         cells: dict[Box, list] = {}
         for r in dst.ranks:
-            need = dst.box(name, meta.shape, r, num_layers=num_layers)
-            if need is None:
+            need = dst_box(name, meta.shape, r)
+            if need is None or need.empty:
                 continue
             dst_boxes[(name, r)] = need
             if need not in cells:
@@ -211,14 +220,18 @@ _PLAN_CACHE: dict[tuple, Plan] = {}
 _PLAN_CACHE_SIZE = 8
 
 
-def cached_plan(params: Mapping[str, ParamMeta], *, src: Layout, dst: Layout,
-                num_layers: int | None = None) -> Plan:
-    """`plan_reshard` memoised on its inputs: a layout pair's plan is the same at every weight sync."""
-    key = (tuple(params.items()), src, dst, num_layers)
+def cached_plan(params: Mapping[str, ParamMeta], *, src: Layout, dst: Layout, num_layers: int | None = None,
+                src_box: BoxFn | None = None, dst_box: BoxFn | None = None) -> Plan:
+    """`plan_reshard` memoised on its inputs: a layout pair's plan is the same at every weight sync.
+
+    Box functions are part of the key by identity: pass the same function object to hit the cache.
+    """
+    key = (tuple(params.items()), src, dst, num_layers, src_box, dst_box)
     if key not in _PLAN_CACHE:
         if len(_PLAN_CACHE) >= _PLAN_CACHE_SIZE:
             _PLAN_CACHE.pop(next(iter(_PLAN_CACHE)))
-        _PLAN_CACHE[key] = plan_reshard(params, src=src, dst=dst, num_layers=num_layers)
+        _PLAN_CACHE[key] = plan_reshard(params, src=src, dst=dst, num_layers=num_layers,
+                                        src_box=src_box, dst_box=dst_box)
     return _PLAN_CACHE[key]
 
 

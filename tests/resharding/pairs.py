@@ -59,3 +59,24 @@ def layout_pairs() -> list[tuple[str, Layout, Layout, bool]]:
     pairs.append(("megatron(dp=3,tp=2)->tp3", Layout(tp=2, dp=3), Layout(tp=3, dp=2), False))
     pairs.append(("fsdp(dp=4,tp=2)->tp4 (8 ranks)", Layout(tp=2, dp=4, fsdp=True), Layout(tp=4, dp=2), False))
     return pairs
+
+
+def vllm_like_box(name: str, shape, rank: int):
+    """A destination rule unlike Megatron's (tp=4 on ranks 0-3), as vLLM slices: vocabulary padded to
+    a multiple of 32 before the split (rank 3 gets no rows of a 48-row vocabulary) and kv heads
+    replicated when tp > num_kv_heads (ranks 0, 1 read kv head 0; ranks 2, 3 head 1)."""
+    from rlframe.resharding.box import Box, chunk_box
+    from rlframe.resharding.layout import hf_tp_split_dim
+
+    tp, module = 4, name.split(".")[-2]
+    dim = hf_tp_split_dim(name)
+    if dim is None:
+        return Box.full(shape)
+    if module in ("embed_tokens", "lm_head"):
+        per = -(-shape[0] // 32) * 32 // tp
+        lo, hi = min(rank * per, shape[0]), min((rank + 1) * per, shape[0])
+        return Box((lo,) + (0,) * (len(shape) - 1), (hi - lo,) + tuple(shape[1:]))
+    if module in ("k_proj", "v_proj"):
+        head = rank // (tp // DIMS.num_kv_heads)
+        return Box((head * DIMS.head_dim,) + (0,) * (len(shape) - 1), (DIMS.head_dim,) + tuple(shape[1:]))
+    return chunk_box(shape, dim=dim, index=rank, parts=tp)

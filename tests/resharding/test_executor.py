@@ -14,14 +14,14 @@ from rlframe.resharding.formats import ModelDims
 from rlframe.resharding.layout import Layout, hf_tp_split_dim, training_box
 from rlframe.resharding.planner import plan_reshard
 from rlframe.utils.spawn import run_distributed
-from tests.resharding.pairs import DIMS, full_weights, layout_pairs, metas
+from tests.resharding.pairs import DIMS, full_weights, layout_pairs, metas, vllm_like_box
 from tests.resharding.test_planner import minimum_bytes
 
 BUCKET = 1024  # bytes: small, so most tensors are split over several buckets
 
 
-def _one_pair(rank: int, src, dst, full) -> dict:
-    plan = plan_reshard(metas(), src=src, dst=dst, num_layers=DIMS.num_layers)
+def _one_pair(rank: int, src, dst, full, dst_box=None) -> dict:
+    plan = plan_reshard(metas(), src=src, dst=dst, num_layers=DIMS.num_layers, dst_box=dst_box)
     local = {n: full[n][b.slices()].clone() for (n, r), b in plan.src_boxes.items() if r == rank}
     got, calls, zero_copy = {}, [0], [True]
 
@@ -96,7 +96,8 @@ def fsdp2_tp_mismatches(rank: int) -> list[str]:
 def _all_pairs(rank: int, world_size: int) -> dict:
     full = full_weights(seed=1)
     pairs = [_one_pair(rank, src, dst, full) for _, src, dst, _ in layout_pairs()]
-    return {"pairs": pairs, "fsdp2": fsdp2_tp_mismatches(rank)}
+    custom = _one_pair(rank, Layout(tp=2, dp=2, fsdp=True), Layout(tp=4), full, dst_box=vllm_like_box)
+    return {"pairs": pairs, "custom": custom, "fsdp2": fsdp2_tp_mismatches(rank)}
 
 
 @pytest.fixture(scope="module")
@@ -109,6 +110,13 @@ def spawned():
 def results(spawned):
     """results[i][rank] for pair i of layout_pairs()."""
     return [[spawned[r]["pairs"][i] for r in range(8)] for i in range(len(layout_pairs()))]
+
+
+def test_custom_destination_rule_moves_exact_slices(spawned):
+    """vLLM-style vocabulary padding and kv-head replication (planner's dst_box) on real ranks."""
+    for rank in range(4):
+        res = spawned[rank]["custom"]
+        assert res["names"] and res["coverage"] and res["exact"] and res["zero_copy"], (rank, res)
 
 
 def test_training_box_matches_real_fsdp2_plus_dtensor_tp_shards(spawned):

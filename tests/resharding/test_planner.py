@@ -6,7 +6,7 @@ import torch
 from rlframe.resharding.box import Box
 from rlframe.resharding.layout import Layout, hf_tp_split_dim
 from rlframe.resharding.planner import cached_plan, make_buckets, merge_boxes, param_metas, plan_reshard, split_box
-from tests.resharding.pairs import DIMS, layout_pairs, metas
+from tests.resharding.pairs import DIMS, layout_pairs, metas, vllm_like_box
 
 PAIRS = layout_pairs()
 
@@ -114,3 +114,22 @@ def test_summary_lists_every_rank_with_its_bytes():
     text = plan.summary()
     assert "pp=1 tp=4 dp=1" in text and len(text.splitlines()) == 3 + 4
     assert f"| 2 | {plan.bytes_received(2) / 1e6:.2f} |" in text
+
+
+def test_custom_destination_rule_vllm_vocab_padding_and_kv_replication():
+    """dst_box overrides the split rule: exact coverage, empty needs skipped, replicated kv heads sent once each."""
+    src, dst = Layout(tp=2, dp=2, fsdp=True), Layout(tp=4)
+    plan = plan_reshard(metas(), src=src, dst=dst, dst_box=vllm_like_box)
+    assert ("lm_head.weight", 3) not in plan.dst_boxes  # padded vocabulary: nothing left for rank 3
+    assert plan.dst_boxes[("model.layers.0.self_attn.k_proj.weight", 1)] == Box((0, 0), (4, 24))
+    counts = {k: torch.zeros(b.sizes, dtype=torch.int32) for k, b in plan.dst_boxes.items()}
+    for t in plan.transfers:
+        counts[(t.name, t.dst)][t.box.relative_to(plan.dst_boxes[(t.name, t.dst)]).slices()] += 1
+    assert all(bool((c == 1).all()) for c in counts.values())
+    for r in range(4):
+        want = 0
+        for (n, rr), need in plan.dst_boxes.items():
+            held = src.box(n, metas()[n].shape, r)
+            ov = held.intersect(need) if rr == r and held is not None else None
+            want += (need.numel - (ov.numel if ov else 0)) * metas()[n].itemsize if rr == r else 0
+        assert plan.bytes_received(r) == want
