@@ -1,0 +1,141 @@
+"""The `rlframe` command: run the main job here, or submit it to a Ray cluster and follow it.
+
+    rlframe run [-cn CONFIG] [key=value ...]           # the main job in this process (= python -m rlframe.main)
+    rlframe submit CONFIG [key=value ...] [--follow]   # a Ray job; prints its id and run directory
+    rlframe status JOB_ID                              # status, run directory, latest metrics
+    rlframe logs JOB_ID [--follow] [--tail N]
+    rlframe metrics JOB_ID [--name critic/score/mean]
+    rlframe stop JOB_ID
+
+The cluster is `--address` (the dashboard URL), else RAY_API_SERVER_ADDRESS, else
+http://127.0.0.1:8265; see docs/jobs.md. Exit codes: 0 success, 1 the job failed or was stopped,
+2 a usage or connection error (the message says how to fix it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+EXIT_JOB_FAILED, EXIT_USAGE = 1, 2
+
+
+def _add_address(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--address", default=None,
+                   help="job server (dashboard) URL; default RAY_API_SERVER_ADDRESS or http://127.0.0.1:8265")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="rlframe", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("run", help="run the main job in this process", add_help=False)
+    p.add_argument("argv", nargs=argparse.REMAINDER, help="arguments of python -m rlframe.main")
+    p = sub.add_parser("submit", help="submit the main job to a Ray cluster")
+    p.add_argument("config_name", help="a file of configs/ without .yaml, e.g. grpo_tiny")
+    p.add_argument("overrides", nargs="*", help="Hydra overrides such as trainer.total_steps=2")
+    p.add_argument("--output-dir", default=None, help="absolute run root (shared storage for a remote cluster)")
+    p.add_argument("--follow", action="store_true", help="stream the logs and exit with the job's result")
+    _add_address(p)
+    for name, text in (("status", "a job's status, run directory and latest metrics"), ("stop", "stop a job")):
+        p = sub.add_parser(name, help=text)
+        p.add_argument("job_id")
+        _add_address(p)
+    p = sub.add_parser("logs", help="print a job's logs")
+    p.add_argument("job_id")
+    p.add_argument("--follow", action="store_true", help="keep printing until the job ends")
+    p.add_argument("--tail", type=int, default=None, help="only the last N lines")
+    _add_address(p)
+    p = sub.add_parser("metrics", help="print a run's metrics.jsonl rows (JSON lines)")
+    p.add_argument("job_id")
+    p.add_argument("--name", default=None, help="only this metric, as `step value` lines")
+    _add_address(p)
+    return parser
+
+
+def _follow(handle) -> int:
+    for chunk in handle.follow_logs():
+        print(chunk, end="", flush=True)
+    status = handle.wait(raise_on_failure=False)
+    print(f"\nrlframe: job {handle.job_id} {status}", file=sys.stderr)
+    return 0 if status == "SUCCEEDED" else EXIT_JOB_FAILED
+
+
+def _cmd_submit(args) -> int:
+    from rlframe import jobs
+
+    handle = jobs.submit(args.config_name, args.overrides, address=args.address, output_dir=args.output_dir)
+    print(f"job_id: {handle.job_id}\nrun_dir: {handle.run_dir}\naddress: {handle.address}", flush=True)
+    return _follow(handle) if args.follow else 0
+
+
+def _cmd_status(args) -> int:
+    from rlframe import jobs
+
+    handle = jobs.attach(args.job_id, address=args.address)
+    info, rows = handle.info(), handle.metrics()
+    print(f"job_id: {handle.job_id}\nstatus: {info.status.value}\nmessage: {info.message or ''}\n"
+          f"run_dir: {handle.run_dir}\nsteps logged: {len(rows)}")
+    if rows:
+        print(f"latest: {json.dumps(rows[-1])}")
+    return 0
+
+
+def _cmd_logs(args) -> int:
+    from rlframe import jobs
+
+    handle = jobs.attach(args.job_id, address=args.address)
+    if args.follow:
+        return _follow(handle)
+    print(handle.log_tail(args.tail) if args.tail else handle.logs(), end="")
+    return 0
+
+
+def _cmd_metrics(args) -> int:
+    from rlframe import jobs
+
+    handle = jobs.attach(args.job_id, address=args.address)
+    if args.name:
+        for step, value in zip(*handle.metric(args.name)):
+            print(step, value)
+    else:
+        for row in handle.metrics():
+            print(json.dumps(row))
+    return 0
+
+
+def _cmd_stop(args) -> int:
+    from rlframe import jobs
+
+    status = jobs.attach(args.job_id, address=args.address).stop()
+    print(f"job {args.job_id}: {status}")
+    return 0
+
+
+COMMANDS = {"submit": _cmd_submit, "status": _cmd_status, "logs": _cmd_logs, "metrics": _cmd_metrics,
+            "stop": _cmd_stop}
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    # `run` forwards everything (including -h) to the main job's own parser.
+    if argv[:1] == ["run"]:
+        from rlframe.main import main as run_main
+
+        return run_main(argv[1:])
+    args = build_parser().parse_args(argv)
+    from rlframe.jobs import ClusterNotFoundError, JobFailedError
+
+    try:
+        return COMMANDS[args.command](args)
+    except JobFailedError as err:
+        print(f"rlframe: {err}", file=sys.stderr)
+        return EXIT_JOB_FAILED
+    except (ValueError, ClusterNotFoundError, PermissionError) as err:
+        print(f"rlframe: {err}", file=sys.stderr)
+        return EXIT_USAGE
+
+
+if __name__ == "__main__":
+    sys.exit(main())
