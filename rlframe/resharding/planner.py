@@ -6,7 +6,8 @@
    boundary into cells; each cell is either held by a source rank or not at all.
 2. Cells the destination rank already holds in the source layout are reused in place (a `Transfer`
    with src == dst, zero bytes moved). Every other cell comes from one source that holds it, chosen
-   as the least-loaded holder so far (dp replicas share the sending work).
+   as the least-loaded holder so far (dp replicas share the sending work), the nearest rank among
+   equally loaded ones (so HybridFlow layouts gather inside their micro-DP groups).
 3. Cells from the same source are merged back into as few boxes as possible.
 
 By construction no byte is received twice and no byte is received that the rank already holds, so
@@ -170,7 +171,9 @@ def _plan_one(name: str, rank: int, cells: list[tuple[Box, list[int]]], own: Box
         if own is not None and own.contains(cell):
             by_src.setdefault(rank, []).append(cell)
             continue
-        src = min(cands, key=lambda s: (load[s], s))
+        # Least-loaded holder spreads the work over replicas; among equals the nearest rank
+        # (same node, and HybridFlow's micro-DP group for its strided layouts).
+        src = min(cands, key=lambda s: (load[s], abs(s - rank), s))
         load[src] += cell.numel * itemsize
         by_src.setdefault(src, []).append(cell)
     return [Transfer(name, b, s, rank) for s in sorted(by_src) for b in merge_boxes(by_src[s])]

@@ -133,3 +133,13 @@ def test_custom_destination_rule_vllm_vocab_padding_and_kv_replication():
             ov = held.intersect(need) if rr == r and held is not None else None
             want += (need.numel - (ov.numel if ov else 0)) * metas()[n].itemsize if rr == r else 0
         assert plan.bytes_received(r) == want
+
+
+def test_hybridflow_transfers_stay_inside_micro_dp_groups():
+    """Megatron (t=4, d=2) -> t_g=2: ranks {2k, 2k+1} form micro-DP groups and only exchange among themselves."""
+    from rlframe.resharding.layout import hybridflow_generation_layout
+
+    src = Layout(tp=4, dp=2)
+    plan = plan_reshard(metas(), src=src, dst=hybridflow_generation_layout(src, tp=2))
+    remote = [t for t in plan.transfers if not t.local]
+    assert remote and all(t.src // 2 == t.dst // 2 for t in remote)
