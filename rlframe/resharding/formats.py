@@ -179,6 +179,7 @@ def megatron_to_hf(meg: dict[str, torch.Tensor], *, dims: ModelDims, tp: int, pp
 # ---------------------------------------------------------------- HF <-> vLLM
 _FUSED = {"self_attn.qkv_proj": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
           "mlp.gate_up_proj": ("mlp.gate_proj", "mlp.up_proj")}
+FUSED_MODULES = _FUSED  # public name: vLLM fused module -> the HF modules it concatenates on dim 0
 
 
 def hf_to_vllm(hf: dict[str, torch.Tensor], *, dims: ModelDims, tp: int) -> dict[str, torch.Tensor]:
