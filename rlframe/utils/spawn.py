@@ -3,7 +3,8 @@
 Used by tests and benchmarks that need real torch.distributed ranks without Ray:
 `run_distributed(fn, world_size=4, args=(...))` starts `world_size` spawned processes,
 initialises `torch.distributed` (gloo) in each, calls `fn(rank, world_size, *args)` and returns
-the list of per-rank return values (which must be picklable). An exception on any rank is
+the list of per-rank return values. Return numpy arrays or Python values, not torch tensors:
+a tensor travels through shared memory that is gone once its rank exits. An exception on any rank is
 re-raised in the caller with that rank's traceback; a rank that hangs fails after `timeout_s`.
 """
 

@@ -10,6 +10,8 @@ streamed bucket by bucket into the rollout engine; nothing touches the disk.
 
 from __future__ import annotations
 
+from transformers import AutoConfig
+
 from rlframe.config.schema import AlgorithmConfig, RolloutSection, TrainRoleConfig
 from rlframe.controller import Dispatch, Mesh, Worker, register
 from rlframe.controller.dispatch import METRICS_KEY
@@ -22,12 +24,13 @@ from rlframe.workers.common import (
 )
 from rlframe.workers.losses import actor_loss_fn, dpo_loss_fn
 from rlframe.workers.rollout import SamplingConfig, build_rollout_engine
+from rlframe.workers.rollout.weight_sync import vllm_tp_box
 
 
 class ActorWorker(Worker):
     def __init__(self, *, model_path: str, actor: TrainRoleConfig, algorithm: AlgorithmConfig,
                  rollout: RolloutSection | None, max_model_len: int, total_steps: int, seed: int = 0):
-        self.cfg, self.algo = actor, algorithm
+        self.cfg, self.algo, self.model_path = actor, algorithm, model_path
         self.engine = build_train_engine(actor, model_path=model_path, head="lm", total_steps=total_steps, seed=seed)
         self.set_mesh(Mesh.of(dp=actor.dp, tp=actor.tp))
         self.rollout = None
@@ -42,13 +45,17 @@ class ActorWorker(Worker):
     # ---- hybrid engine: training layout -> generation layout -----------------------------------
     def _make_reshard_plan(self, *, gen_tp: int):
         shards = self.engine.local_shards()
-        src = Layout(tp=self.cfg.tp, dp=self.cfg.dp, fsdp=True)
+        src = self.engine.resharding_layout()  # the engine asserts its shards match this layout
         dst = Layout(tp=gen_tp, dp=self.world_size // gen_tp)
-        for name, (shape, box, _) in shards.items():
-            expected = src.box(name, shape, self.rank)
-            assert expected is None or expected == box, (name, box, expected)
         metas = {name: ParamMeta(tuple(shape), t.dtype) for name, (shape, _, t) in shards.items()}
-        return plan_reshard(metas, src=src, dst=dst)
+        hf = AutoConfig.from_pretrained(self.model_path)
+        head_dim = getattr(hf, "head_dim", None) or hf.hidden_size // hf.num_attention_heads
+
+        def vllm_box(name, shape, rank):  # vLLM pads the vocabulary and may replicate kv heads
+            return vllm_tp_box(name, shape, tp_rank=dst.coords_of(rank)[1], tp_size=gen_tp,
+                               num_kv_heads=hf.num_key_value_heads, head_dim=head_dim)
+
+        return plan_reshard(metas, src=src, dst=dst, dst_box=vllm_box)
 
     def _sync_weights(self) -> dict[str, float]:
         if not self._weights_stale:
