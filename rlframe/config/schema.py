@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 # Dataflows the trainer knows; `algorithm.name` picks one (and the defaults in configs/).
 ALGORITHMS = ("ppo", "grpo", "dr_grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline", "remax",
-              "dapo", "lite_ppo", "online_dpo")
+              "dapo", "lite_ppo", "online_dpo", "sft")
 
 
 @dataclass
@@ -159,7 +159,7 @@ class RunConfig:
 
     @property
     def uses_critic(self) -> bool:
-        return self.algorithm.adv_estimator == "gae"
+        return self.algorithm.adv_estimator == "gae" and self.algorithm.name not in ("online_dpo", "sft")
 
     @property
     def uses_ref(self) -> bool:

@@ -57,7 +57,7 @@ def _check_algorithm(cfg: RunConfig, out: list[str]) -> None:
                              ("algorithm.kl_estimator", alg.kl_estimator, KL_ESTIMATORS),
                              ("algorithm.kl_loss_estimator", alg.kl_loss_estimator, KL_ESTIMATORS),
                              ("algorithm.loss_agg_mode", alg.loss_agg_mode, LOSS_AGG_MODES)):
-        if alg.name == "online_dpo" and what == "algorithm.adv_estimator":
+        if alg.name in ("online_dpo", "sft") and what == "algorithm.adv_estimator":
             continue
         if value not in reg:
             out.append(f"{what}={value!r} is not registered; known: {', '.join(reg.names())} "

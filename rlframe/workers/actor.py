@@ -22,7 +22,7 @@ from rlframe.resharding.planner import ParamMeta, plan_reshard
 from rlframe.workers.common import (
     LOSS_WEIGHTING, build_train_engine, mean_metrics, metrics_only, prefixed, rollout_config, timer,
 )
-from rlframe.workers.losses import actor_loss_fn, dpo_loss_fn
+from rlframe.workers.losses import actor_loss_fn, dpo_loss_fn, sft_loss_fn
 from rlframe.workers.rollout import SamplingConfig, build_rollout_engine
 from rlframe.workers.rollout.weight_sync import vllm_tp_box
 
@@ -111,6 +111,13 @@ class ActorWorker(Worker):
                 rows.append(prefixed(m, "actor"))
         self._weights_stale = True
         return metrics_only(mean_metrics(rows), self.rank_info().dp_rank)
+
+    @register(dispatch=Dispatch.DP_COMPUTE)
+    def update_sft(self, data: DataProto) -> DataProto:
+        """One optimizer step of supervised fine-tuning on (prompt, response) rows."""
+        m = self.engine.train_step(sft_loss_fn(), data, loss_weighting="tokens")
+        self._weights_stale = True
+        return metrics_only(prefixed(m, "sft"), self.rank_info().dp_rank)
 
     # ---- checkpoints ---------------------------------------------------------------------------
     @register(dispatch=Dispatch.ONE_TO_ALL)

@@ -70,3 +70,14 @@ def dpo_loss_fn(*, beta: float):
         return loss, {"actor/dpo_loss": loss.detach(), **{f"actor/dpo_{k}": torch.as_tensor(v) for k, v in m.items()}}
 
     return loss_fn
+
+
+def sft_loss_fn():
+    """Supervised fine-tuning: mean negative log-likelihood of the response tokens."""
+
+    def loss_fn(outputs, mb):
+        mask = mb["response_mask"].to(outputs["log_probs"].dtype)
+        nll = -(outputs["log_probs"] * mask).sum() / mask.sum().clamp(min=1.0)
+        return nll, {"sft/nll": nll.detach()}
+
+    return loss_fn

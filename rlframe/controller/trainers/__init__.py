@@ -14,6 +14,10 @@ from rlframe.config.schema import RunConfig
 
 
 def trainer_class(cfg: RunConfig):
+    if cfg.algorithm.name == "sft":
+        from rlframe.controller.trainers.sft import SFTTrainer
+
+        return SFTTrainer
     if cfg.algorithm.name == "online_dpo":
         from rlframe.controller.trainers.dpo import OnlineDPOTrainer
 

@@ -36,6 +36,7 @@ CASES = {
     "online_dpo": ("grpo_tiny", ["data.train_batch_size=8", "algorithm.name=online_dpo", "algorithm.n_samples=2",
                                  "algorithm.use_kl_loss=false", "rollout.temperature=1.5"],
                    {"timing_s/gen", "timing_s/reward", "timing_s/step"}),
+    "sft": ("sft_tiny", ["data.train_batch_size=16"], {"timing_s/update_actor", "timing_s/step"}),
 }
 
 

@@ -1,0 +1,72 @@
+"""Kill -9 mid-run, resume, and reach the same metrics as a run that was never interrupted."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.controller.trainers.test_end_to_end import COMMON
+
+REPO = Path(__file__).resolve().parents[3]
+NONDETERMINISTIC = ("timing_s/", "perf/")  # wall-clock measurements
+
+
+def launch(out_dir: Path, cache_dir: Path, *extra: str) -> subprocess.Popen:
+    args = [sys.executable, "-m", "rlframe.main", *COMMON, "data.train_batch_size=16", "trainer.total_steps=4",
+            "trainer.save_every=2", "trainer.val_every=0", f"trainer.output_dir={out_dir}", "trainer.experiment=run",
+            f"model.cache_dir={cache_dir}", *extra]
+    env = {**os.environ, "PYTHONPATH": str(REPO), "RAY_ADDRESS": ""}
+    # A session of its own: SIGKILL to the group takes the driver and the Ray it started.
+    return subprocess.Popen(args, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, start_new_session=True)
+
+
+def kill_session(sid: int) -> None:
+    """SIGKILL every process of session `sid`: the driver and the Ray processes it started."""
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            if int(fields[3]) == sid:  # field 6 of /proc/PID/stat: session id
+                os.kill(int(stat.parent.name), signal.SIGKILL)
+        except (OSError, ValueError, IndexError):
+            continue
+
+
+def metrics(out_dir: Path) -> dict[int, dict]:
+    rows = [json.loads(l) for l in (out_dir / "run" / "metrics.jsonl").read_text().splitlines() if l.strip()]
+    return {r["step"]: {k: v for k, v in r.items() if not k.startswith(NONDETERMINISTIC)} for r in rows}
+
+
+def finish(proc: subprocess.Popen, timeout: float = 900) -> str:
+    out, _ = proc.communicate(timeout=timeout)
+    assert proc.returncode == 0, out[-5000:]
+    return out
+
+
+@pytest.mark.slow
+def test_sigkill_and_resume_matches_uninterrupted(tmp_path):
+    cache = tmp_path / "cache"
+    finish(launch(tmp_path / "a", cache))
+    reference = metrics(tmp_path / "a")
+
+    proc = launch(tmp_path / "b", cache)
+    ckpt = tmp_path / "b" / "run" / "checkpoints" / "step_000002"
+    deadline = time.monotonic() + 900
+    while not ckpt.exists():  # the step-2 checkpoint is complete once its final name exists
+        assert proc.poll() is None, proc.stdout.read()[-5000:]
+        assert time.monotonic() < deadline, "no checkpoint within 900 s"
+        time.sleep(0.5)
+    kill_session(proc.pid)
+    proc.wait()
+
+    out = finish(launch(tmp_path / "b", cache, "trainer.resume=auto"))
+    assert "resumed from" in out and "at step 2" in out
+    resumed = metrics(tmp_path / "b")
+    assert sorted(resumed) == [1, 2, 3, 4]
+    for step in (3, 4):
+        assert resumed[step] == reference[step], (step, resumed[step], reference[step])
