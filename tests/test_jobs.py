@@ -179,7 +179,12 @@ def test_notebook_runs_top_to_bottom(job_cluster, tmp_path, monkeypatch):
     repo = Path(__file__).resolve().parents[1]
     monkeypatch.setenv("RLFRAME_RAY_ADDRESS", cluster.address)
     monkeypatch.setenv("RLFRAME_NB_CONFIG", "grpo_tiny")
-    monkeypatch.setenv("RLFRAME_NB_OVERRIDES", "trainer.total_steps=2 trainer.val_every=0 trainer.save_every=0")
+    # grpo_tiny made as short as it gets: 2 steps, one process, HF rollout, a 5-step pre-trained model
+    # (cached after the first run; the default 350-step pre-training alone takes minutes here).
+    monkeypatch.setenv("RLFRAME_NB_OVERRIDES", " ".join([
+        "trainer.total_steps=2", "trainer.val_every=0", "trainer.save_every=0", "model.tiny_pretrain_steps=5",
+        "rollout.backend=hf", "resources.procs_per_node=1", "actor.dp=1", "data.train_batch_size=4",
+        "actor.mini_batch_size=16", "actor.micro_batch_size=16"]))
     monkeypatch.setenv("RLFRAME_NB_OUTPUT_DIR", str(tmp_path))
     monkeypatch.setenv("RLFRAME_NB_WATCH_S", "400")
     nb = nbformat.read(repo / "examples" / "submit_from_notebook.ipynb", as_version=4)

@@ -21,6 +21,13 @@ Weight sync (`weight_update()` / `update_weights()`), two paths:
   parameters CUDA graphs already point at (`kernel_format.py`). Not testable on CPU.
 After either path the prefix cache is reset (its KV entries were computed with the old weights).
 
+Log-probs: `SamplingParams(logprobs=0)` returns the sampled token's log-prob. vLLM 0.32 computes it
+from the raw logits by default (`logprobs_mode="raw_logprobs"`: no temperature); the engine asks for
+`"processed_logprobs"` (RolloutConfig.logprobs_mode="processed"): log_softmax(logits / T) after
+top-k/top-p masking, the distribution the token was drawn from. Without top-k/top-p that is the
+actor's `logits / T` convention (tests: mean |diff| vs a transformers forward < 1e-3 in fp32).
+Greedy requests get log_softmax of the raw logits in both modes.
+
 Memory around training: `sleep()` discards the KV cache and offloads weights (vLLM sleep mode,
 level 1) and `wake()` re-creates them, on backends with sleep mode (CUDA/ROCm/XPU). The CPU backend
 has no sleep mode: `sleep()` is then a no-op and memory stays bounded by `kv_cache_bytes`.
@@ -80,7 +87,8 @@ def _distributed_kwargs(tp: int) -> dict:
             raise ValueError(f"vLLM's external_launcher reads {key} from the environment; set it for every rank")
     kw = {"distributed_executor_backend": "external_launcher", "tensor_parallel_size": tp}
     if world // tp > 1:
-        # Several engines in one group: vLLM treats them as data-parallel replicas (untested on CPU).
+        # Several engines in one group: vLLM treats them as data-parallel replicas, each with its own
+        # prompts (checked by hand with 2 ranks at tp=1 on CPU; not in the test suite).
         kw["data_parallel_size"] = world // tp
     return kw
 
