@@ -21,7 +21,11 @@ import os
 from pathlib import Path
 
 DEFAULT_ADDRESS = "http://127.0.0.1:8265"
-DEFAULT_TOKEN_PATH = Path.home() / ".ray" / "auth_token"
+
+
+def default_token_path() -> Path:
+    """~/.ray/auth_token, read at call time (HOME may change, e.g. in tests)."""
+    return Path.home() / ".ray" / "auth_token"
 
 
 def resolve_address(address: str | None) -> str:
@@ -44,7 +48,7 @@ def find_token(env: dict[str, str] | None = None) -> tuple[str | None, str]:
     env = os.environ if env is None else env
     if env.get("RAY_AUTH_TOKEN", "").strip():
         return env["RAY_AUTH_TOKEN"].strip(), "RAY_AUTH_TOKEN"
-    for where, path in (("RAY_AUTH_TOKEN_PATH", env.get("RAY_AUTH_TOKEN_PATH")), ("default", str(DEFAULT_TOKEN_PATH))):
+    for where, path in (("RAY_AUTH_TOKEN_PATH", env.get("RAY_AUTH_TOKEN_PATH")), ("default", str(default_token_path()))):
         if path and Path(path).expanduser().is_file():
             token = Path(path).expanduser().read_text().strip()
             if token:
@@ -61,10 +65,15 @@ def auth_headers(env: dict[str, str] | None = None) -> dict[str, str]:
 def authentication_mode(address: str, *, timeout_s: float = 5.0) -> str:
     """The cluster's mode ("token" or "disabled") from its public /api/authentication_mode endpoint.
 
-    Raises requests.RequestException when nothing answers at `address`.
+    "unknown" when the server answers without that endpoint (an older Ray); raises
+    requests.RequestException only when nothing answers at `address`.
     """
     import requests
 
     reply = requests.get(f"{address}/api/authentication_mode", timeout=timeout_s)
-    reply.raise_for_status()
-    return reply.json().get("authentication_mode", "unknown")
+    if reply.status_code != 200:
+        return "unknown"
+    try:
+        return str(reply.json().get("authentication_mode", "unknown"))
+    except ValueError:
+        return "unknown"

@@ -112,6 +112,11 @@ def test_token_is_required_and_found_without_code(job_cluster, tmp_path, monkeyp
         m.setenv("RAY_AUTH_TOKEN_PATH", str(wrong))
         with pytest.raises(PermissionError, match="rejected the token"):
             jobs.connect(cluster.address)
+    with monkeypatch.context() as m:
+        m.delenv("RAY_AUTH_TOKEN_PATH")
+        m.setenv("HOME", str(tmp_path))  # no ~/.ray/auth_token either
+        with pytest.raises(PermissionError, match="uses token authentication but no token was found"):
+            jobs.connect(cluster.address)
     assert isinstance(jobs.connect(cluster.address).list_jobs(), list)
 
 
