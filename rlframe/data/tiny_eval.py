@@ -23,7 +23,7 @@ class EvalResult:
     k: int
 
 
-def _is_correct(tokenizer, ids: list[int], answer: str) -> tuple[bool, bool]:
+def is_correct(tokenizer, ids: list[int], answer: str) -> tuple[bool, bool]:
     """(correct, well_formed): well-formed = the response ends with EOS inside the budget."""
     eos = tokenizer.eos_token_id
     if eos not in ids:
@@ -32,7 +32,7 @@ def _is_correct(tokenizer, ids: list[int], answer: str) -> tuple[bool, bool]:
     return text.strip() == answer, True
 
 
-def _generate(model, tokenizer, prompts: list[str], *, num: int, sample: bool, max_new_tokens: int):
+def generate_grouped(model, tokenizer, prompts: list[str], *, num: int, sample: bool, max_new_tokens: int):
     """Yield (prompt_index, list of `num` response id lists) for every prompt."""
     import torch
 
@@ -67,12 +67,12 @@ def evaluate_pairs(
     greedy = [False] * len(pairs)
     formed = [False] * len(pairs)
     with torch.no_grad():
-        for i, (resp,) in _generate(model, tokenizer, prompts, num=1, sample=False, max_new_tokens=max_new_tokens):
-            greedy[i], formed[i] = _is_correct(tokenizer, resp, pairs[i][1])
+        for i, (resp,) in generate_grouped(model, tokenizer, prompts, num=1, sample=False, max_new_tokens=max_new_tokens):
+            greedy[i], formed[i] = is_correct(tokenizer, resp, pairs[i][1])
         torch.manual_seed(seed)
         hits = [0] * len(pairs)
-        for i, resps in _generate(model, tokenizer, prompts, num=k, sample=True, max_new_tokens=max_new_tokens):
-            hits[i] = sum(_is_correct(tokenizer, r, pairs[i][1])[0] for r in resps)
+        for i, resps in generate_grouped(model, tokenizer, prompts, num=k, sample=True, max_new_tokens=max_new_tokens):
+            hits[i] = sum(is_correct(tokenizer, r, pairs[i][1])[0] for r in resps)
     n = len(pairs)
     return EvalResult(
         n=n,
