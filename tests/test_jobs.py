@@ -84,6 +84,20 @@ def test_invalid_override_is_rejected_before_submission():
         jobs.submit("grpo_tiny", ["actor.dp=3"], address=f"http://127.0.0.1:{free_ports(1)[0]}")
 
 
+def test_run_dir_is_made_absolute_and_survives_hydra(tmp_path, monkeypatch):
+    """A relative or spaced output_dir becomes one absolute override that Hydra reads back unchanged."""
+    from rlframe.config import load_config
+    from rlframe.jobs import _plan_run
+
+    monkeypatch.chdir(tmp_path)
+    overrides, run_dir = _plan_run("grpo_tiny", ["trainer.output_dir=rel", "trainer.experiment=e1"], None)
+    assert run_dir == tmp_path / "rel" / "e1"
+    assert overrides == ["trainer.experiment=e1", f"trainer.output_dir={tmp_path / 'rel'}"]
+    overrides, run_dir = _plan_run("grpo_tiny", [], str(tmp_path / "with space"))
+    assert load_config("grpo_tiny", overrides).trainer.output_dir == str(tmp_path / "with space")
+    assert run_dir == tmp_path / "with space" / "grpo_tiny"
+
+
 def test_read_metrics_skips_only_a_partial_last_line(tmp_path):
     rows = [{"step": 1, "critic/score/mean": 0.25}, {"step": 2, "critic/score/mean": 0.5}]
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows) + '{"step": 3, "cri')
