@@ -154,6 +154,19 @@ def _train_into(tmp: Path, *, preset: str, task: str, seed: int, cfg: SFTConfig)
     return info
 
 
+STALE_TEMP_S = 2 * 3600
+
+
+def _remove_stale_temp_dirs(final: Path) -> None:
+    """Delete temp dirs of this model left by killed builders (a live build is far younger)."""
+    for stale in final.parent.glob(f".{final.name}.*"):
+        try:
+            if time.time() - stale.stat().st_mtime > STALE_TEMP_S:
+                shutil.rmtree(stale, ignore_errors=True)
+        except OSError:
+            pass  # removed concurrently
+
+
 def build_pretrained_model(
     *,
     preset: str = "demo",
@@ -181,6 +194,7 @@ def build_pretrained_model(
     if (final / "rlframe_pretrain.json").exists():
         return final
     final.parent.mkdir(parents=True, exist_ok=True)
+    _remove_stale_temp_dirs(final)
     tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=final.parent))
     threads = torch.get_num_threads()
     torch.set_num_threads(cfg.threads)

@@ -52,3 +52,19 @@ def test_unknown_task_and_preset_are_errors(tmp_path):
         build_pretrained_model(task="poetry", cache_dir=tmp_path)
     with pytest.raises(ValueError, match="unknown model preset"):
         build_pretrained_model(preset="huge", cfg=TINY, cache_dir=tmp_path)
+
+
+def test_stale_temp_dirs_are_removed(tmp_path):
+    import os
+    import time
+
+    from rlframe.data.pretrain import STALE_TEMP_S, cache_key
+
+    models = tmp_path / "models"
+    name = cache_key(preset="test", task="arithmetic", seed=0, cfg=TINY)
+    old, fresh = models / f".{name}.old", models / f".{name}.fresh"
+    old.mkdir(parents=True)
+    fresh.mkdir()
+    os.utime(old, (time.time() - STALE_TEMP_S - 60,) * 2)
+    path = build_pretrained_model(preset="test", seed=0, cfg=TINY, cache_dir=tmp_path)
+    assert path.name == name and not old.exists() and fresh.exists()
