@@ -23,13 +23,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rlframe.rewards.instructions import instruction_score
-from rlframe.rewards.verifiers import countdown_score, exact_match, gsm8k_score, math_score
+from rlframe.rewards.verifiers import arithmetic_score, countdown_score, exact_match, gsm8k_score, math_score
 
 REQUIRED_PARAMS = ("data_source", "solution_str", "ground_truth", "extra_info")
 
 # data_source -> verifier(solution_str, ground_truth) -> float | dict
 _BY_SOURCE: dict[str, Callable] = {
-    "arithmetic": exact_match,
+    "arithmetic": arithmetic_score,
     "exact_match": exact_match,
     "countdown": countdown_score,
     "openai/gsm8k": gsm8k_score,

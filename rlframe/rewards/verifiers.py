@@ -1,6 +1,7 @@
 """Rule-based verifiers: response string + ground truth -> score in [0, 1].
 
-- `exact_match`: the synthetic arithmetic task (the whole response, stripped, is the answer).
+- `exact_match`: the whole response, stripped, is the answer (numerically equal when numeric);
+  `arithmetic_score` is its strict string form for the synthetic arithmetic task.
 - `gsm8k_score`: GSM8K-style final answers ("#### 42", or the last number in flexible mode).
 - `math_score`: competition-math answers compared symbolically with the `math-verify` package
   (LaTeX/sympy parsing and equivalence are its job, not ours).
@@ -36,6 +37,11 @@ def exact_match(solution_str: str, ground_truth: str, *, numeric: bool = True) -
     if numeric:
         got, want = _normalize_number(got), _normalize_number(want)
     return float(got == want)
+
+
+def arithmetic_score(solution_str: str, ground_truth: str) -> float:
+    """Synthetic arithmetic: the stripped response is exactly the canonical answer ("81", not "081")."""
+    return exact_match(solution_str, ground_truth, numeric=False)
 
 
 def extract_gsm8k_answer(solution_str: str, *, method: str = "strict") -> str | None:

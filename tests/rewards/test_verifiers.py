@@ -3,6 +3,7 @@ import json
 import pytest
 
 from rlframe.rewards.verifiers import (
+    arithmetic_score,
     countdown_score,
     exact_match,
     extract_gsm8k_answer,
@@ -18,6 +19,12 @@ from rlframe.rewards.verifiers import (
 )
 def test_exact_match(response, truth, expected):
     assert exact_match(response, truth) == expected
+
+
+def test_arithmetic_score_is_strict():
+    assert arithmetic_score(" 81\n", "81") == 1.0
+    assert arithmetic_score("081", "81") == 0.0 and arithmetic_score("81.0", "81") == 0.0
+    assert arithmetic_score("-5", "-5") == 1.0
 
 
 def test_gsm8k_strict_and_flexible():
