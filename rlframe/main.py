@@ -11,21 +11,23 @@ import argparse
 import sys
 
 
-def parse_args(argv: list[str]) -> tuple[str, list[str]]:
+def parse_args(argv: list[str]) -> tuple[str, list[str], str | None]:
     p = argparse.ArgumentParser(prog="python -m rlframe.main", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config-name", "-cn", default="ppo_tiny", help="a file of configs/ without .yaml")
+    p.add_argument("--config-path", "-cp", default=None,
+                   help="a directory of your own YAML configs (they may extend the built-in ones by name)")
     p.add_argument("overrides", nargs="*", help="Hydra overrides such as actor.lr=1e-4")
     args = p.parse_args(argv)
-    return args.config_name, args.overrides
+    return args.config_name, args.overrides, args.config_path
 
 
 def main(argv: list[str] | None = None) -> int:
     from rlframe.config import ConfigError, load_config, validate
 
-    name, overrides = parse_args(sys.argv[1:] if argv is None else argv)
+    name, overrides, config_path = parse_args(sys.argv[1:] if argv is None else argv)
     try:
-        cfg = validate(load_config(name, overrides))
+        cfg = validate(load_config(name, overrides, extra_dir=config_path))
     except (ConfigError, ValueError) as err:
         print(f"rlframe: {err}", file=sys.stderr)
         return 2

@@ -21,17 +21,26 @@ def _upsert(override: str) -> str:
 
 
 def load_config(name: str = "ppo_tiny", overrides: list[str] | None = None, *,
-                configs_dir: Path = CONFIGS_DIR) -> RunConfig:
-    """Compose `configs/<name>.yaml` with Hydra overrides (`actor.lr=1e-4`) and type-check it."""
+                configs_dir: Path = CONFIGS_DIR, extra_dir: str | Path | None = None) -> RunConfig:
+    """Compose `<name>.yaml` with Hydra overrides (`actor.lr=1e-4`) and type-check it.
+
+    `extra_dir` (e.g. a user's own config directory) is searched first; its files may list the
+    built-in configs in their `defaults:` (e.g. `- grpo_tiny`).
+    """
     from hydra import compose, initialize_config_dir
     from hydra.errors import HydraException
     from omegaconf import OmegaConf
 
-    if not (configs_dir / f"{name}.yaml").is_file():
-        raise ValueError(f"no config named {name!r} in {configs_dir}; available: {', '.join(available_configs(configs_dir))}")
+    dirs = ([Path(extra_dir).expanduser().resolve()] if extra_dir else []) + [configs_dir]
+    if not any((d / f"{name}.yaml").is_file() for d in dirs):
+        found = sorted({c for d in dirs for c in available_configs(d)})
+        raise ValueError(f"no config named {name!r} in {', '.join(map(str, dirs))}; available: {', '.join(found)}")
+    overrides = [_upsert(o) for o in overrides or []]
+    if extra_dir:  # the built-in configs stay reachable by name from the user's directory
+        overrides.append(f"hydra.searchpath=[file://{configs_dir}]")
     try:
-        with initialize_config_dir(config_dir=str(configs_dir), version_base="1.3"):
-            composed = compose(config_name=name, overrides=[_upsert(o) for o in overrides or []])
+        with initialize_config_dir(config_dir=str(dirs[0]), version_base="1.3"):
+            composed = compose(config_name=name, overrides=overrides)
     except HydraException as err:
         raise ValueError(f"could not compose config {name!r} with overrides {overrides}: {err}") from err
     return build_config(OmegaConf.to_container(composed, resolve=True))

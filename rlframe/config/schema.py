@@ -41,6 +41,7 @@ class DataConfig:
 @dataclass
 class AlgorithmConfig:
     name: str = "ppo"
+    trainer: str | None = None  # "package.module:Class": a custom trainer (dataflow); None: by name
     adv_estimator: str = "gae"
     gamma: float = 1.0
     lam: float = 1.0
@@ -71,6 +72,7 @@ class TrainRoleConfig:
     """Training layout and optimisation of one role (actor or critic)."""
 
     strategy: str = "fsdp"  # fsdp | megatron
+    worker_cls: str | None = None  # "package.module:Class", a subclass of the role's worker; None: built-in
     dp: int = 2
     tp: int = 1
     pp: int = 1

@@ -22,6 +22,21 @@ class ConfigError(ValueError):
         super().__init__("invalid configuration:\n" + "\n".join(f"  - {p}" for p in problems))
 
 
+def load_class(target: str):
+    """The class named by "package.module:Class" (ValueError saying what is wrong otherwise)."""
+    module, _, name = target.partition(":")
+    if not module or not name:
+        raise ValueError(f"{target!r} must look like 'package.module:ClassName'")
+    try:
+        obj = getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError) as err:
+        raise ValueError(f"cannot load {target!r} ({type(err).__name__}: {err}); check the module is on "
+                         "PYTHONPATH and defines the class") from err
+    if not isinstance(obj, type):
+        raise ValueError(f"{target!r} is a {type(obj).__name__}, not a class")
+    return obj
+
+
 def import_user_modules(cfg: RunConfig) -> None:
     """Import `imports:` modules (they register custom estimators, losses, workers)."""
     for name in cfg.imports:
@@ -49,7 +64,14 @@ def _check_algorithm(cfg: RunConfig, out: list[str]) -> None:
     )
 
     alg = cfg.algorithm
-    if alg.name not in ALGORITHMS:
+    for what, target in (("algorithm.trainer", alg.trainer), ("actor.worker_cls", cfg.actor.worker_cls),
+                         ("critic.worker_cls", cfg.critic.worker_cls)):
+        if target is not None:
+            try:
+                load_class(target)
+            except ValueError as err:
+                out.append(f"{what}: {err}")
+    if alg.name not in ALGORITHMS and alg.trainer is None:
         out.append(f"algorithm.name={alg.name!r} is unknown; choose one of {', '.join(ALGORITHMS)} "
                    "(a custom algorithm keeps one of these dataflows and registers its estimator/loss)")
     for what, value, reg in (("algorithm.adv_estimator", alg.adv_estimator, ADVANTAGE_ESTIMATORS),

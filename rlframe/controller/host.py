@@ -18,7 +18,14 @@ from rlframe.controller.worker import WorkerContext, build_role
 class WorkerHost:
     def __init__(self, *, group: str, rank: int, world_size: int, num_threads: int, env: dict[str, str]):
         os.environ.update(env)
+        import importlib
+
         import torch
+
+        # Modules that register user algorithms (estimators, losses) must be imported in every
+        # worker process too, since the losses are looked up by name there.
+        for module in filter(None, os.environ.get("RLFRAME_IMPORTS", "").split(",")):
+            importlib.import_module(module)
 
         torch.set_num_threads(max(1, num_threads))
         self.group, self.rank, self.world_size = group, rank, world_size

@@ -14,6 +14,10 @@ from rlframe.config.schema import RunConfig
 
 
 def trainer_class(cfg: RunConfig):
+    if cfg.algorithm.trainer is not None:
+        from rlframe.config.validate import load_class
+
+        return load_class(cfg.algorithm.trainer)
     if cfg.algorithm.name == "sft":
         from rlframe.controller.trainers.sft import SFTTrainer
 
@@ -28,6 +32,8 @@ def trainer_class(cfg: RunConfig):
 
 
 def run_training(cfg: RunConfig, *, config_name: str = "") -> dict:
+    import os
+
     import yaml
 
     from rlframe.controller.ray_utils import init_local_ray
@@ -35,7 +41,9 @@ def run_training(cfg: RunConfig, *, config_name: str = "") -> dict:
     run_dir = Path(cfg.trainer.output_dir) / cfg.trainer.experiment
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.yaml").write_text(yaml.safe_dump({"config_name": config_name, **to_dict(cfg)}, sort_keys=False))
-    init_local_ray()
+    # Workers import user modules (custom workers, algorithms) from where the job was started.
+    init_local_ray(runtime_env={"env_vars": {"PYTHONPATH": os.pathsep.join(
+        p for p in (os.getcwd(), os.environ.get("PYTHONPATH", "")) if p)}})
     trainer = trainer_class(cfg)(cfg, run_dir=run_dir)
     try:
         summary = trainer.fit()

@@ -32,7 +32,7 @@ from rlframe.controller.trainers.checkpoint import CheckpointManager, driver_rng
 from rlframe.controller.trainers.metrics import batch_metrics, gathered, throughput
 from rlframe.controller.trainers.prepare import build_data, model_path
 from rlframe.controller.trainers.roles import build_roles
-from rlframe.controller.trainers.tracking import Tracker, format_console
+from rlframe.controller.trainers.tracking import Tracker, format_console, progress, say
 from rlframe.controller.trainers.validation import validate
 from rlframe.data.dataloader import to_dataproto
 from rlframe.protocol import DataProto
@@ -52,15 +52,19 @@ class PPOTrainer:
         from transformers import AutoTokenizer
 
         self.cfg, self.run_dir = cfg, Path(run_dir)
+        say(f"model: {cfg.model.path or f'tiny preset {cfg.model.tiny_preset!r} (built and pre-trained on first use)'}")
         self.actor_path = model_path(cfg)
         self.tokenizer = AutoTokenizer.from_pretrained(self.actor_path)
         self.loader, self.val_set = build_data(cfg, self.tokenizer)
+        say(f"data: {len(self.loader.dataset)} train prompts, {len(self.val_set) if self.val_set else 0} held out")
         spec = RewardFnSpec(path=cfg.reward.function_path, name=cfg.reward.function_name) \
             if cfg.reward.function_path else None
         self.reward = RewardManager(fn_spec=spec, num_workers=cfg.reward.num_workers)
         alg = cfg.algorithm
         self.kl_ctrl = make_kl_controller(kind="adaptive" if alg.kl_target else "fixed", kl_coef=alg.kl_coef,
                                           target_kl=alg.kl_target, horizon=alg.kl_horizon)
+        say(f"starting worker groups ({cfg.resources.placement}, {cfg.resources.nodes * cfg.resources.procs_per_node} "
+            f"processes): actor dp={cfg.actor.dp} tp={cfg.actor.tp}, rollout {cfg.rollout.backend} tp={cfg.rollout.tp}")
         self.roles = build_roles(cfg, actor_path=self.actor_path, critic_path=cfg.model.critic_path or self.actor_path)
         self.replicas = self.roles.actor.world_size // cfg.rollout.tp
         self.tracker = Tracker(self.run_dir, sinks=cfg.trainer.loggers, experiment=cfg.trainer.experiment,
@@ -73,15 +77,19 @@ class PPOTrainer:
         cfg = self.cfg.trainer
         self.resume()
         if self.step == 0 and cfg.val_every > 0:
-            self.tracker.log(self.validate(), step=0)
+            val = self.validate()
+            self.tracker.log(val, step=0)
+            say(format_console(0, cfg.total_steps, val))
+        bar = progress(total=cfg.total_steps, initial=self.step, enabled=cfg.progress_bar)
         for self.step in range(self.step + 1, cfg.total_steps + 1):
             metrics = self.train_step()
             if cfg.val_every > 0 and (self.step % cfg.val_every == 0 or self.step == cfg.total_steps):
                 metrics.update(self.validate())
             self.tracker.log(metrics, step=self.step)
-            print(format_console(self.step, cfg.total_steps, metrics), flush=True)
+            bar.update(metrics)
             if self.step == cfg.total_steps or (cfg.save_every > 0 and self.step % cfg.save_every == 0):
                 self.save()
+        bar.close()
         return self.finish()
 
     def train_step(self) -> dict:

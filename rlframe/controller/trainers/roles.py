@@ -32,14 +32,26 @@ class RunRoles:
             pool.release()
 
 
+def worker_class(target: str | None, default: type) -> type:
+    """The configured subclass of a role's worker, or the built-in one."""
+    if target is None:
+        return default
+    from rlframe.config.validate import load_class
+
+    cls = load_class(target)
+    if not issubclass(cls, default):
+        raise ValueError(f"{target} must subclass {default.__module__}.{default.__name__} (it replaces that role)")
+    return cls
+
+
 def role_specs(cfg: RunConfig, *, actor_path: str, critic_path: str) -> dict[str, RoleSpec]:
     total = cfg.trainer.total_steps * max(1, cfg.actor.ppo_epochs)
     max_len = cfg.data.prompt_length + cfg.data.response_length
-    specs = {"actor": RoleSpec(ActorWorker, kwargs=dict(
+    specs = {"actor": RoleSpec(worker_class(cfg.actor.worker_cls, ActorWorker), kwargs=dict(
         model_path=actor_path, actor=cfg.actor, algorithm=cfg.algorithm, rollout=cfg.rollout,
         max_model_len=max_len, total_steps=total, seed=cfg.trainer.seed))}
     if cfg.uses_critic:
-        specs["critic"] = RoleSpec(CriticWorker, kwargs=dict(
+        specs["critic"] = RoleSpec(worker_class(cfg.critic.worker_cls, CriticWorker), kwargs=dict(
             model_path=critic_path, critic=cfg.critic, loss_agg_mode=cfg.algorithm.loss_agg_mode,
             total_steps=total, seed=cfg.trainer.seed))
     if cfg.uses_ref or cfg.algorithm.name == "online_dpo":
@@ -57,7 +69,7 @@ def _pool(cfg: RunConfig, procs: int, name: str) -> ResourcePool:
 
 def build_roles(cfg: RunConfig, *, actor_path: str, critic_path: str) -> RunRoles:
     specs = role_specs(cfg, actor_path=actor_path, critic_path=critic_path)
-    env = {"RLFRAME_RUN": cfg.trainer.experiment}
+    env = {"RLFRAME_RUN": cfg.trainer.experiment, "RLFRAME_IMPORTS": ",".join(cfg.imports)}
     if cfg.resources.placement == "colocated":
         pool = _pool(cfg, cfg.resources.nodes * cfg.resources.procs_per_node, "hybrid")
         groups = RayWorkerGroup.colocated(pool, specs, name="hybrid", env=env)

@@ -122,3 +122,38 @@ def format_console(step: int, total: int, metrics: dict) -> str:
             ("actor/pg_loss", "pg_loss"), ("actor/ppo_kl", "kl"), ("timing_s/step", "s/step")]
     parts = [f"{short}={metrics[k]:.3f}" for k, short in keys if k in metrics]
     return f"step {step}/{total} " + " ".join(parts)
+
+
+def say(message: str) -> None:
+    print(f"[rlframe] {message}", flush=True)
+
+
+class progress:
+    """A tqdm bar with the live reward (or one console line per step when disabled / not a TTY)."""
+
+    def __init__(self, *, total: int, initial: int, enabled: bool):
+        import sys
+
+        self.total = total
+        self.bar = None
+        if enabled and sys.stderr.isatty():
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=total, initial=initial, desc="rl steps", dynamic_ncols=True)
+        self.step = initial
+
+    def update(self, metrics: dict) -> None:
+        self.step += 1
+        if self.bar is None:
+            say(format_console(self.step, self.total, metrics))
+            return
+        post = {k: f"{metrics[m]:.3f}" for k, m in (("reward", "critic/score/mean"), ("val_acc", "val/accuracy"),
+                                                      ("kl", "actor/ppo_kl")) if m in metrics}
+        self.bar.set_postfix(post)
+        self.bar.update(1)
+        if "val/accuracy" in metrics:
+            self.bar.write(format_console(self.step, self.total, metrics))
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()

@@ -16,10 +16,10 @@ REPO = Path(__file__).resolve().parents[3]
 NONDETERMINISTIC = ("timing_s/", "perf/")  # wall-clock measurements
 
 
-def launch(out_dir: Path, cache_dir: Path, *extra: str) -> subprocess.Popen:
+def launch(out_dir: Path, *extra: str) -> subprocess.Popen:
     args = [sys.executable, "-m", "rlframe.main", *COMMON, "data.train_batch_size=16", "trainer.total_steps=4",
             "trainer.save_every=2", "trainer.val_every=0", f"trainer.output_dir={out_dir}", "trainer.experiment=run",
-            f"model.cache_dir={cache_dir}", *extra]
+            *extra]
     env = {**os.environ, "PYTHONPATH": str(REPO), "RAY_ADDRESS": ""}
     # A session of its own: SIGKILL to the group takes the driver and the Ray it started.
     return subprocess.Popen(args, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -50,11 +50,10 @@ def finish(proc: subprocess.Popen, timeout: float = 900) -> str:
 
 @pytest.mark.slow
 def test_sigkill_and_resume_matches_uninterrupted(tmp_path):
-    cache = tmp_path / "cache"
-    finish(launch(tmp_path / "a", cache))
+    finish(launch(tmp_path / "a"))
     reference = metrics(tmp_path / "a")
 
-    proc = launch(tmp_path / "b", cache)
+    proc = launch(tmp_path / "b")
     ckpt = tmp_path / "b" / "run" / "checkpoints" / "step_000002"
     deadline = time.monotonic() + 900
     while not ckpt.exists():  # the step-2 checkpoint is complete once its final name exists
@@ -64,7 +63,7 @@ def test_sigkill_and_resume_matches_uninterrupted(tmp_path):
     kill_session(proc.pid)
     proc.wait()
 
-    out = finish(launch(tmp_path / "b", cache, "trainer.resume=auto"))
+    out = finish(launch(tmp_path / "b", "trainer.resume=auto"))
     assert "resumed from" in out and "at step 2" in out
     resumed = metrics(tmp_path / "b")
     assert sorted(resumed) == [1, 2, 3, 4]
