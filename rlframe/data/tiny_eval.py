@@ -67,7 +67,8 @@ def evaluate_pairs(
     greedy = [False] * len(pairs)
     formed = [False] * len(pairs)
     with torch.no_grad():
-        for i, (resp,) in generate_grouped(model, tokenizer, prompts, num=1, sample=False, max_new_tokens=max_new_tokens):
+        greedy_out = generate_grouped(model, tokenizer, prompts, num=1, sample=False, max_new_tokens=max_new_tokens)
+        for i, (resp,) in greedy_out:
             greedy[i], formed[i] = is_correct(tokenizer, resp, pairs[i][1])
         torch.manual_seed(seed)
         hits = [0] * len(pairs)

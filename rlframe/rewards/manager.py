@@ -233,7 +233,10 @@ def token_level_scores(scores, response_mask):
     mask = torch.as_tensor(response_mask)
     s = torch.as_tensor(np.asarray(scores), dtype=torch.float32).to(mask.device)
     if mask.dim() != 2 or s.shape != (mask.shape[0],):
-        raise ValueError(f"token_level_scores needs scores (B,) and response_mask (B, R); got {tuple(s.shape)} and {tuple(mask.shape)}")
+        raise ValueError(
+            f"token_level_scores needs scores (B,) and response_mask (B, R); "
+            f"got {tuple(s.shape)} and {tuple(mask.shape)}"
+        )
     valid = mask > 0
     positions = torch.arange(mask.shape[1], device=mask.device).expand_as(mask)
     last = torch.where(valid, positions, torch.full_like(positions, -1)).max(dim=1).values  # (B,)

@@ -31,7 +31,8 @@ def build_rm_inputs(prompts, prompt_mask, responses, response_mask) -> dict:
     """
     import torch
 
-    if prompts.shape != prompt_mask.shape or responses.shape != response_mask.shape or prompts.shape[0] != responses.shape[0]:
+    same = prompts.shape == prompt_mask.shape and responses.shape == response_mask.shape
+    if not same or prompts.shape[0] != responses.shape[0]:
         raise ValueError(
             f"shape mismatch: prompts {tuple(prompts.shape)}, prompt_mask {tuple(prompt_mask.shape)}, "
             f"responses {tuple(responses.shape)}, response_mask {tuple(response_mask.shape)}"
@@ -54,7 +55,10 @@ def retokenize_for_rm(
 
     if len(prompts_text) != len(responses_text):
         raise ValueError(f"{len(prompts_text)} prompts but {len(responses_text)} responses")
-    seqs = [rm_tokenizer.encode(p + r, add_special_tokens=False)[-max_length:] for p, r in zip(prompts_text, responses_text)]
+    seqs = [
+        rm_tokenizer.encode(p + r, add_special_tokens=False)[-max_length:]
+        for p, r in zip(prompts_text, responses_text)
+    ]
     width = max((len(s) for s in seqs), default=0)
     pad = rm_tokenizer.pad_token_id if rm_tokenizer.pad_token_id is not None else 0
     ids = torch.full((len(seqs), width), pad, dtype=torch.long)
