@@ -20,7 +20,7 @@ $(STAMP): setup.py
 install: $(STAMP)
 
 demo: install
-	$(PY) -m rlframe.controller.demo
+	$(PY) -m rlframe.main
 
 test: install
 	$(PY) -m pytest tests

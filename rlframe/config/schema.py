@@ -112,7 +112,7 @@ class RolloutSection:
 class RewardConfig:
     function_path: str | None = None  # a .py file with a reward function; None: built-in verifiers
     function_name: str = "compute_score"
-    num_workers: int = 1
+    num_workers: int = 0  # reward processes; 0 scores inline (cheaper for rule rewards, see docs/benchmarks.md)
     model_paths: list[str] = field(default_factory=list)  # reward models (sequence classifiers)
     ensemble: str = "mean"  # mean | min over reward models
 

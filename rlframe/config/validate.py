@@ -142,6 +142,11 @@ def _check_batches(cfg: RunConfig, out: list[str]) -> None:
 
 
 def _check_paths(cfg: RunConfig, out: list[str]) -> None:
+    from rlframe.data.pretrain import TASKS
+
+    if cfg.model.path is None and cfg.data.task not in TASKS:
+        out.append(f"model.path is null, so the tiny model would be built, but it is pre-trained only on "
+                   f"{sorted(TASKS)}, not data.task={cfg.data.task!r}; give model.path or use data.task=arithmetic")
     if cfg.model.path is not None:
         p = Path(cfg.model.path).expanduser()
         if not (p / "config.json").is_file() and cfg.model.hf_config is None:

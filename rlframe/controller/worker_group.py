@@ -100,6 +100,17 @@ class GroupFuture:
         return self._collect(outs)
 
 
+# Settings of the collective libraries that must reach every rank on every node (interface names,
+# timeouts, debug levels); the driver's values are forwarded to the workers.
+COMM_ENV_PREFIXES = ("NCCL_", "GLOO_", "TORCH_NCCL_", "TORCH_DISTRIBUTED_", "CUDA_DEVICE_MAX_CONNECTIONS")
+
+
+def communication_env() -> dict[str, str]:
+    import os
+
+    return {k: v for k, v in os.environ.items() if k.startswith(COMM_ENV_PREFIXES)}
+
+
 class HostSet:
     """The Ray actors (one per rank) of a pool, joined in one torch.distributed group."""
 
@@ -110,7 +121,7 @@ class HostSet:
 
         self.name, self.pool = name, pool
         remote = ray.remote(WorkerHost)
-        env = {"TOKENIZERS_PARALLELISM": "false", **(env or {})}
+        env = {"TOKENIZERS_PARALLELISM": "false", **communication_env(), **(env or {})}
         self.actors = [
             remote.options(
                 num_cpus=pool.cpus_per_proc,
