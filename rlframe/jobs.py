@@ -116,7 +116,9 @@ def _plan_run(config_name: str, overrides: list[str], output_dir: str | None) ->
 
 
 def _runtime_env(address: str, user_env: dict | None) -> dict:
-    env_vars = {"TOKENIZERS_PARALLELISM": "false"}
+    # The trainer's own ray.init(runtime_env=...) sets env vars (PYTHONPATH) that this job env also
+    # sets; Ray refuses to merge the two unless told that the driver's values win (merged key by key).
+    env_vars = {"TOKENIZERS_PARALLELISM": "false", "RAY_OVERRIDE_JOB_RUNTIME_ENV": "1"}
     if urlparse(address).hostname in _LOCAL_HOSTS:
         # Same machine: run this checkout's code, whatever the cluster's default path holds.
         env_vars["PYTHONPATH"] = str(REPO_ROOT)
