@@ -197,8 +197,8 @@ class PPOTrainer:
 
     def resume(self) -> None:
         path = self.ckpt.resolve(self.cfg.trainer.resume)
-        if path is None:
-            self.tracker.resume_history(0)
+        if path is None:  # a fresh run: lines a previous run left in metrics.jsonl are dropped
+            self.tracker.resume_history(-1)
             return
         state = self.ckpt.load_state(path)
         self.roles.actor.load_checkpoint(str(path / "actor"))

@@ -45,7 +45,8 @@ class Tracker:
             mlflow.log_params({k: str(v)[:250] for k, v in _flatten(config).items()})
 
     def resume_history(self, upto_step: int) -> None:
-        """Keep metrics.jsonl lines of steps <= upto_step (a resumed run rewrites what follows)."""
+        """Keep metrics.jsonl lines of steps <= upto_step (a resumed run rewrites what follows;
+        -1 starts the file afresh)."""
         if not self.jsonl.exists():
             return
         rows = [json.loads(line) for line in self.jsonl.read_text().splitlines() if line.strip()]
