@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 from rlframe.config.build import to_dict
@@ -44,11 +45,13 @@ def run_training(cfg: RunConfig, *, config_name: str = "") -> dict:
     # Workers import user modules (custom workers, algorithms) from where the job was started.
     init_local_ray(runtime_env={"env_vars": {"PYTHONPATH": os.pathsep.join(
         p for p in (os.getcwd(), os.environ.get("PYTHONPATH", "")) if p)}})
+    t0 = time.perf_counter()
     trainer = trainer_class(cfg)(cfg, run_dir=run_dir)
     try:
         summary = trainer.fit()
     finally:
         trainer.close()
+    summary["wall_time_s"] = round(time.perf_counter() - t0, 1)
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     print("summary: " + json.dumps(summary), flush=True)
     return summary

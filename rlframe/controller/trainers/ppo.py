@@ -220,7 +220,10 @@ class PPOTrainer:
             summary["hf_export"] = str(export)
         vals = [r for r in self.tracker.history if "val/accuracy" in r]
         if vals:
-            summary.update({"val_accuracy_start": vals[0]["val/accuracy"], "val_accuracy_end": vals[-1]["val/accuracy"]})
+            start, end = vals[0]["val/accuracy"], vals[-1]["val/accuracy"]
+            summary.update({"val_accuracy_start": start, "val_accuracy_end": end})
+            say(f"held-out accuracy (greedy, {len(self.val_set)} prompts): {start:.1%} at step {vals[0]['step']} "
+                f"-> {end:.1%} at step {vals[-1]['step']} ({100 * (end - start):+.1f} points)")
         self.tracker.close()
         return summary
 
