@@ -91,6 +91,9 @@ class RFTTrainer(PPOTrainer):
             batch.meta_info = {"global_step": self.step, "temperature": self.cfg.rollout.temperature}
             with timed(t, "update_actor"):
                 m.update(gathered(self.roles.actor.update_actor(batch)))
+            if accepted.any():  # the step should make the accepted answers more likely
+                after = self.roles.actor.response_nll(batch).batch["nll"]
+                m["rft/accepted_nll_after"] = float(after[accepted].mean())
         t["timing_s/update_weights"] = gen_m.pop("timing_s/update_weights", 0.0)
         return {**m, **gen_m, **reward_m, **t, **batch_metrics(batch, response_length=self.cfg.data.response_length),
                 **throughput(batch, step_time=t["timing_s/step"], world_size=self.roles.actor.world_size)}

@@ -13,7 +13,7 @@ from __future__ import annotations
 from transformers import AutoConfig
 
 from rlframe.config.schema import AlgorithmConfig, RolloutSection, TrainRoleConfig
-from rlframe.controller import Dispatch, Mesh, Worker, register
+from rlframe.controller import Dispatch, Mesh, register
 from rlframe.controller.dispatch import METRICS_KEY
 from rlframe.protocol import DataProto
 from rlframe.resharding.executor import execute_plan
@@ -25,9 +25,10 @@ from rlframe.workers.common import (
 from rlframe.workers.losses import actor_loss_fn, dpo_loss_fn, sft_loss_fn
 from rlframe.workers.rollout import SamplingConfig, build_rollout_engine
 from rlframe.workers.rollout.weight_sync import vllm_tp_box
+from rlframe.workers.trained_role import TrainedRole
 
 
-class ActorWorker(Worker):
+class ActorWorker(TrainedRole):
     def __init__(self, *, model_path: str, actor: TrainRoleConfig, algorithm: AlgorithmConfig,
                  rollout: RolloutSection | None, max_model_len: int, total_steps: int, seed: int = 0):
         self.cfg, self.algo, self.model_path = actor, algorithm, model_path
@@ -94,44 +95,34 @@ class ActorWorker(Worker):
     @register(dispatch=Dispatch.DP_COMPUTE)
     def update_actor(self, data: DataProto) -> DataProto:
         """PPO-style epochs over shuffled mini-batches; one optimizer step per mini-batch."""
-        dpo = self.algo.name == "online_dpo"
-        loss_fn = dpo_loss_fn(beta=self.algo.dpo_beta) if dpo else actor_loss_fn(
-            self.algo, loss_scale_factor=data.meta_info.get("loss_scale_factor"))
+        temperature = data.meta_info.get("temperature", 1.0)
+        if self.algo.name == "online_dpo":
+            return self._update_dpo(data, temperature=temperature)
+        loss_fn = actor_loss_fn(self.algo, loss_scale_factor=data.meta_info.get("loss_scale_factor"))
+        return self.run_epochs(data, loss_fn, prefix="actor", loss_weighting=LOSS_WEIGHTING[self.algo.loss_agg_mode],
+                               temperature=temperature, with_entropy=True)
+
+    def _update_dpo(self, data: DataProto, *, temperature: float) -> DataProto:
+        """DPO keeps (chosen, rejected) rows adjacent: no shuffling, each mini-batch one micro-batch."""
+        loss_fn = dpo_loss_fn(beta=self.algo.dpo_beta)
         per_rank = self.cfg.mini_batch_size // self.cfg.dp
-        step = int(data.meta_info.get("global_step", 0))
         rows = []
-        for epoch in range(self.cfg.ppo_epochs):
-            # DPO keeps (chosen, rejected) rows adjacent: no shuffling, one micro-batch per step.
-            minis = data.split(max(2, per_rank - per_rank % 2)) if dpo else list(
-                data.iter_minibatches(per_rank, shuffle=True, seed=step * 1000 + epoch))
-            for mb in minis:
-                m = self.engine.train_step(loss_fn, [mb] if dpo else mb, temperature=data.meta_info.get("temperature", 1.0),
-                                           loss_weighting="samples" if dpo else LOSS_WEIGHTING[self.algo.loss_agg_mode],
-                                           with_entropy=not dpo)
+        for _ in range(self.cfg.ppo_epochs):
+            for mb in data.split(max(2, per_rank - per_rank % 2)):
+                m = self.engine.train_step(loss_fn, [mb], temperature=temperature, loss_weighting="samples")
                 rows.append(prefixed(m, "actor"))
-        self._weights_stale = True
+        self.after_update()
         return metrics_only(mean_metrics(rows), self.rank_info().dp_rank)
+
+    def after_update(self) -> None:
+        self._weights_stale = True  # the rollout engine gets the new weights before its next generate
 
     @register(dispatch=Dispatch.DP_COMPUTE)
     def update_sft(self, data: DataProto) -> DataProto:
         """One optimizer step of supervised fine-tuning on (prompt, response) rows."""
         m = self.engine.train_step(sft_loss_fn(), data, loss_weighting="tokens")
-        self._weights_stale = True
+        self.after_update()
         return metrics_only(prefixed(m, "sft"), self.rank_info().dp_rank)
-
-    # ---- checkpoints ---------------------------------------------------------------------------
-    @register(dispatch=Dispatch.ONE_TO_ALL)
-    def save_checkpoint(self, path: str) -> None:
-        self.engine.save_checkpoint(path)
-
-    @register(dispatch=Dispatch.ONE_TO_ALL)
-    def load_checkpoint(self, path: str) -> None:
-        self.engine.load_checkpoint(path)
-        self._weights_stale = True
-
-    @register(dispatch=Dispatch.ONE_TO_ALL)
-    def export_hf(self, path: str) -> None:
-        self.engine.export_hf(path)
 
     def close(self) -> None:
         if self.rollout is not None:

@@ -49,11 +49,17 @@ def test_bad_class_path_fails_validation():
 @pytest.mark.slow
 def test_example_runs_and_learns(tmp_path, ray_cluster):
     cfg = validate(load_config("rft_tiny", COMMON + [
-        "data.train_batch_size=8", "trainer.total_steps=3", "trainer.val_every=3", f"trainer.output_dir={tmp_path}"],
+        "data.train_batch_size=8", "actor.mini_batch_size=32", "trainer.total_steps=3", "trainer.val_every=3", f"trainer.output_dir={tmp_path}"],
         extra_dir=EXAMPLE))
     summary = run_training(cfg, config_name="rft_tiny")
     rows = [json.loads(l) for l in (Path(summary["run_dir"]) / "metrics.jsonl").read_text().splitlines()]
     train = [r for r in rows if r["step"] >= 1]
     assert all("rft/accept_ratio" in r and "timing_s/response_nll" in r for r in train)
-    assert any(r["rft/accept_ratio"] > 0 for r in train), "no sample was ever accepted: nothing to learn from"
-    assert summary["val_accuracy_end"] >= summary["val_accuracy_start"]
+    learned = [r for r in train if "rft/accepted_nll_before" in r]
+    assert learned, "no sample was ever accepted: nothing to learn from"
+    # each step makes the answers it accepted more likely under the policy (the RAFT objective)
+    pairs = [(r["rft/accepted_nll_before"], r["rft/accepted_nll_after"]) for r in learned]
+    # One optimizer step per batch: the first (fresh AdamW: a descent direction) must lower the NLL of
+    # the answers it accepted, and so must the steps on average (the RAFT objective).
+    assert pairs[0][1] < pairs[0][0], pairs
+    assert sum(a for _, a in pairs) < sum(b for b, _ in pairs), pairs

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import torch
 
 from rlframe.controller.trainers import phases
 from rlframe.data.dataloader import collate, to_dataproto

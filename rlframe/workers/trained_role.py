@@ -1,0 +1,44 @@
+"""TrainedRole: what the actor and the critic share as owners of a training engine: PPO-style
+epochs over shuffled mini-batches, and checkpoints / HF export as registered methods."""
+
+from __future__ import annotations
+
+from rlframe.config.schema import TrainRoleConfig
+from rlframe.controller import Dispatch, Worker, register
+from rlframe.protocol import DataProto
+from rlframe.workers.common import mean_metrics, metrics_only, prefixed
+
+
+class TrainedRole(Worker):
+    cfg: TrainRoleConfig
+
+    def run_epochs(self, data: DataProto, loss_fn, *, prefix: str, loss_weighting: str, seed_salt: int = 0,
+                   **step_kwargs) -> DataProto:
+        """`cfg.ppo_epochs` passes over this rank's chunk, one optimizer step per mini-batch of
+        `cfg.mini_batch_size / dp` rows (shuffled, seeded by the global step so a resumed run
+        draws the same mini-batches)."""
+        per_rank = self.cfg.mini_batch_size // self.cfg.dp
+        step = int(data.meta_info.get("global_step", 0))
+        rows = []
+        for epoch in range(self.cfg.ppo_epochs):
+            for mb in data.iter_minibatches(per_rank, shuffle=True, seed=step * 1000 + epoch + seed_salt):
+                m = self.engine.train_step(loss_fn, mb, loss_weighting=loss_weighting, **step_kwargs)
+                rows.append(prefixed(m, prefix))
+        self.after_update()
+        return metrics_only(mean_metrics(rows), self.rank_info().dp_rank)
+
+    def after_update(self) -> None:
+        """Hook: the weights changed (an optimizer step or a checkpoint load)."""
+
+    @register(dispatch=Dispatch.ONE_TO_ALL)
+    def save_checkpoint(self, path: str) -> None:
+        self.engine.save_checkpoint(path)
+
+    @register(dispatch=Dispatch.ONE_TO_ALL)
+    def load_checkpoint(self, path: str) -> None:
+        self.engine.load_checkpoint(path)
+        self.after_update()
+
+    @register(dispatch=Dispatch.ONE_TO_ALL)
+    def export_hf(self, path: str) -> None:
+        self.engine.export_hf(path)
