@@ -27,15 +27,13 @@ import argparse
 import json
 import os
 import pickle
-import platform
-import statistics
 import subprocess
 import sys
-import time
-from pathlib import Path
 
 import numpy as np
 import torch
+
+from report import machine_line, markdown_table, median_seconds, write_section
 
 from rlframe.protocol import DataProto, receive_zero_copy
 
@@ -78,16 +76,8 @@ def nbytes(tensors: dict[str, torch.Tensor]) -> int:
     return sum(t.numel() * t.element_size() for t in tensors.values())
 
 
-def median_seconds(fn, repeats: int) -> float:
-    fn()  # warm-up: first-touch page faults, Ray worker start, class registration
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
-
-
+# Every time below is report.median_seconds: one untimed warm-up run (first-touch page faults,
+# Ray worker start, class registration), then the median of `repeats` runs.
 def measure_pickle(rows: int, cols: int, repeats: int) -> list[tuple[str, str, float]]:
     out = []
     for name, obj in payloads(rows, cols).items():
@@ -154,22 +144,8 @@ def run_ray_child(args, names: list[str], env_extra: dict[str, str], label: str)
 
 
 def table(results, payload_bytes: int) -> str:
-    lines = ["| mode | payload type | median s | GB/s |", "|---|---|---|---|"]
-    for mode, name, s in results:
-        lines.append(f"| {mode} | {name} | {s:.4f} | {payload_bytes / s / 1e9:.2f} |")
-    return "\n".join(lines)
-
-
-def write_section(text: str, path: Path) -> None:
-    """Replace this benchmark's section of docs/benchmarks.md (others own the other sections)."""
-    old = path.read_text() if path.exists() else "# Benchmarks\n"
-    start = old.find(SECTION + "\n")
-    if start < 0:
-        new = old.rstrip("\n") + "\n\n" + text
-    else:
-        end = old.find("\n## ", start + len(SECTION))
-        new = old[:start] + text + ("" if end < 0 else old[end:])
-    path.write_text(new if new.endswith("\n") else new + "\n")
+    rows = [[mode, name, f"{s:.4f}", f"{payload_bytes / s / 1e9:.2f}"] for mode, name, s in results]
+    return markdown_table(["mode", "payload type", "median s", "GB/s"], rows)
 
 
 def main() -> None:
@@ -202,17 +178,14 @@ def main() -> None:
         cmd += f" --rows {args.rows} --cols {args.cols} --repeats {args.repeats}"
     import ray
 
-    text = (
-        f"{SECTION}\n\n"
+    body = (
         f"Payload: `input_ids` ({args.rows}, {args.cols}) int64 + 4 float32 tensors of the same shape = "
         f"{payload_bytes / 2**20:.0f} MiB. GB/s = payload bytes / median seconds of {args.repeats} runs "
         "(after one warm-up); round trips divide one payload by the round-trip time.\n"
-        f"Machine: {os.cpu_count()} CPU cores ({platform.processor() or platform.machine()}), shared with "
-        f"other jobs; torch {torch.__version__}, ray {ray.__version__}, numpy {np.__version__}; "
-        f"measured {time.strftime('%Y-%m-%d', time.gmtime())}.\n\n"
-        f"Reproduce: `{cmd}`\n\n{md}\n\n{NOTES}"
+        + machine_line(note="shared with other jobs", packages={"ray": ray.__version__, "numpy": np.__version__})
+        + f"\n\nReproduce: `{cmd}`\n\n{md}\n\n{NOTES}"
     )
-    write_section(text, Path(__file__).resolve().parent.parent / "docs" / "benchmarks.md")
+    write_section(SECTION, body)
 
 
 if __name__ == "__main__":

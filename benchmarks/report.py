@@ -1,4 +1,4 @@
-"""Shared by the benchmark scripts: timing and writing a section of docs/benchmarks.md.
+"""Shared by the benchmark scripts: timing, markdown tables and writing a section of docs/benchmarks.md.
 
 Each script owns one `## ...` section of docs/benchmarks.md and replaces only that section, so
 scripts can be rerun in any order. Scripts run as `python benchmarks/NAME.py` and import this
@@ -28,27 +28,56 @@ def median_seconds(fn, repeats: int, *, warmup: int = 1) -> float:
     return statistics.median(times)
 
 
-def machine_line() -> str:
+def machine_line(*, note: str = "", packages: dict[str, str] | None = None) -> str:
+    """One sentence naming the CPU, torch (and `packages`: name -> version) and today's date (UTC).
+
+    `note` (e.g. "shared with other jobs") follows the CPU, separated by a semicolon.
+    """
     import torch
 
-    return (f"Machine: {os.cpu_count()} CPU cores ({platform.processor() or platform.machine()}), "
-            f"torch {torch.__version__}; measured {time.strftime('%Y-%m-%d', time.gmtime())}.")
+    cpu = f"{os.cpu_count()} CPU cores ({platform.processor() or platform.machine()})"
+    versions = [f"torch {torch.__version__}"] + [f"{k} {v}" for k, v in (packages or {}).items()]
+    return (f"Machine: {cpu}{f', {note};' if note else ','} {', '.join(versions)}; "
+            f"measured {time.strftime('%Y-%m-%d', time.gmtime())}.")
+
+
+def markdown_row(cells) -> str:
+    """`| a | b |`: one table row (scripts that print rows as they are measured use it directly)."""
+    return "| " + " | ".join(str(c) for c in cells) + " |"
 
 
 def markdown_table(header: list[str], rows: list[list]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    lines = [markdown_row(header), "|" + "---|" * len(header)]
+    lines += [markdown_row(row) for row in rows]
     return "\n".join(lines)
 
 
+def _section_span(text: str, section: str) -> tuple[int, int] | None:
+    """(start, end) of `section`'s heading and body in `text`; end is at the next `\\n## ` or the end."""
+    start = text.find(section + "\n")
+    if start < 0:
+        return None
+    end = text.find("\n## ", start + len(section))
+    return start, (len(text) if end < 0 else end)
+
+
+def read_section(section: str, *, path: Path = BENCHMARKS_MD) -> str | None:
+    """The current body of `section` (without its heading), or None where it is not there yet."""
+    text = path.read_text() if path.exists() else ""
+    span = _section_span(text, section)
+    return None if span is None else text[span[0] + len(section):span[1]].strip("\n")
+
+
 def write_section(section: str, body: str, *, path: Path = BENCHMARKS_MD) -> None:
-    """Replace (or append) the `section` heading and its body in docs/benchmarks.md."""
+    """Replace (or append) the `section` heading and its body in docs/benchmarks.md.
+
+    Re-reads the file just before writing: other scripts own the other sections.
+    """
     text = f"{section}\n\n{body.strip()}\n"
     old = path.read_text() if path.exists() else "# Benchmarks\n"
-    start = old.find(section + "\n")
-    if start < 0:
+    span = _section_span(old, section)
+    if span is None:
         new = old.rstrip("\n") + "\n\n" + text
     else:
-        end = old.find("\n## ", start + len(section))
-        new = old[:start] + text + ("" if end < 0 else old[end:])
+        new = old[:span[0]] + text + old[span[1]:]
     path.write_text(new if new.endswith("\n") else new + "\n")

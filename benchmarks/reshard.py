@@ -11,11 +11,14 @@ in preallocated generation tensors, exactly the box of every parameter its gener
       (OpenRLHF's ZeRO-3 -> vLLM sync).
 
 Bytes are counted by each method as it receives them; time is the slowest rank's, one run each.
-Run: `python benchmarks/reshard.py` (writes the "## Resharding" section of docs/benchmarks.md).
+Run: `python benchmarks/reshard.py` (writes the "## Resharding" section of docs/benchmarks.md;
+`--no-write` only prints the table).
 """
 
 from __future__ import annotations
 
+import argparse
+import os
 import sys
 import time
 from pathlib import Path
@@ -60,35 +63,41 @@ def full_param(name: str, shape, index: int) -> torch.Tensor:
     return torch.randn(shape, generator=torch.Generator().manual_seed(1000 + index))
 
 
-def _all_gather_full(name, meta, src: Layout, local, rank):
-    """Full tensor on every rank via one all_gather of padded flat shards (received bytes returned)."""
+def _padded_shard(name, meta, src: Layout, local, rank):
+    """Every rank's box of `name` and this rank's shard flattened and zero-padded to the largest
+    shard's size n (the collectives need equal sizes on every rank)."""
     boxes = [src.box(name, meta.shape, r) for r in range(WORLD)]
     n = max(b.numel if b else 0 for b in boxes)
     mine = torch.zeros(n)
     if boxes[rank]:
         mine[:boxes[rank].numel] = local[name].reshape(-1)
-    parts = [torch.empty(n) for _ in range(WORLD)]
-    dist.all_gather(parts, mine)
+    return boxes, n, mine
+
+
+def _assemble(meta, boxes, parts) -> torch.Tensor:
+    """The full tensor from every rank's padded flat shard."""
     full = torch.empty(meta.shape)
     for b, p in zip(boxes, parts):
         if b:
             full[b.slices()] = p[:b.numel].view(b.sizes)
+    return full
+
+
+def _all_gather_full(name, meta, src: Layout, local, rank):
+    """Full tensor on every rank via one all_gather of padded flat shards (received bytes returned)."""
+    boxes, n, mine = _padded_shard(name, meta, src, local, rank)
+    parts = [torch.empty(n) for _ in range(WORLD)]
+    dist.all_gather(parts, mine)
+    full = _assemble(meta, boxes, parts)
     return full, (WORLD - 1) * n * 4, (WORLD + 1) * n * 4 + full.numel() * 4
 
 
 def _gather_broadcast_full(name, meta, src: Layout, local, rank):
-    boxes = [src.box(name, meta.shape, r) for r in range(WORLD)]
-    n = max(b.numel if b else 0 for b in boxes)
-    mine = torch.zeros(n)
-    if boxes[rank]:
-        mine[:boxes[rank].numel] = local[name].reshape(-1)
+    """Full tensor on every rank: rank 0 gathers the padded flat shards, then broadcasts it."""
+    boxes, n, mine = _padded_shard(name, meta, src, local, rank)
     parts = [torch.empty(n) for _ in range(WORLD)] if rank == 0 else None
     dist.gather(mine, parts, dst=0)
-    full = torch.empty(meta.shape)
-    if rank == 0:
-        for b, p in zip(boxes, parts):
-            if b:
-                full[b.slices()] = p[:b.numel].view(b.sizes)
+    full = _assemble(meta, boxes, parts) if rank == 0 else torch.empty(meta.shape)
     dist.broadcast(full, src=0)
     got = (WORLD - 1) * n * 4 if rank == 0 else full.numel() * 4
     return full, got, (WORLD + 1) * n * 4 + full.numel() * 4 if rank == 0 else n * 4 + full.numel() * 4
@@ -154,9 +163,10 @@ def worker(rank: int, world_size: int) -> list[dict]:
 
 
 def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--no-write", action="store_true", help="print the table, leave docs/benchmarks.md alone")
+    args = p.parse_args()
     from rlframe.utils.spawn import run_distributed
-
-    import os
 
     load_before = os.getloadavg()[0]
     per_rank = run_distributed(worker, world_size=WORLD, timeout_s=1800, env={"RLFRAME_THREADS_PER_RANK": "1"})
@@ -195,7 +205,8 @@ def main() -> None:
             "needs the whole model (FSDP -> tp=1) no scheme can receive fewer bytes, and the three methods "
             "are within run-to-run noise.\n")
     print(table)
-    report.write_section("## Resharding", body)
+    if not args.no_write:
+        report.write_section("## Resharding", body)
 
 
 if __name__ == "__main__":

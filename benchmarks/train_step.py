@@ -21,6 +21,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from report import markdown_table, write_section  # noqa: E402
+
 CEILING_GFLOPS = 217.0  # fp32 matmul, 2 threads (ENVIRONMENT.md)
 SECTION = "## Training engine"
 
@@ -103,19 +105,17 @@ def run(preset: str, batch_size: int, steps: int) -> tuple[str, list[dict]]:
         "The CPU is shared with other jobs, so tokens/s uses the fastest step (median shown too). "
         f"Tokens = valid tokens; model FLOPs = 6 x params x tokens; ceiling = {CEILING_GFLOPS:.0f} GFLOP/s "
         "(fp32 matmul, 2 threads).",
-        "",
-        "| layout | padding-free | tokens valid / computed / padded | step s, best (median) | tokens/s | GFLOP/s | of ceiling |",
-        "|---|---|---|---|---|---|---|",
     ]
+    cells = []
     for r in rows:
         tps = r["tokens_valid"] / r["step_s"]
         gflops = 6 * params * tps / 1e9
-        lines.append(
-            f"| dp{r['dp']}-tp{r['tp']} | {'yes' if r['packed'] else 'no'} | {int(r['tokens_valid'])} / "
-            f"{int(r['tokens_computed'])} / {int(r['tokens_padded'])} | {r['step_s']:.2f} ({r['median_s']:.2f}) | "
-            f"{tps:,.0f} | "
-            f"{gflops:.1f} | {gflops / CEILING_GFLOPS:.1%} |"
-        )
+        cells.append([f"dp{r['dp']}-tp{r['tp']}", "yes" if r["packed"] else "no",
+                      f"{int(r['tokens_valid'])} / {int(r['tokens_computed'])} / {int(r['tokens_padded'])}",
+                      f"{r['step_s']:.2f} ({r['median_s']:.2f})", f"{tps:,.0f}", f"{gflops:.1f}",
+                      f"{gflops / CEILING_GFLOPS:.1%}"])
+    lines += ["", markdown_table(["layout", "padding-free", "tokens valid / computed / padded",
+                                  "step s, best (median)", "tokens/s", "GFLOP/s", "of ceiling"], cells)]
     by = {(r["dp"], r["tp"], r["packed"]): r for r in rows}
     lines.append("")
     for dp, tp in ((2, 1), (1, 2)):
@@ -128,22 +128,6 @@ def run(preset: str, batch_size: int, steps: int) -> tuple[str, list[dict]]:
     return "\n".join(lines), rows
 
 
-def write_section(body: str, *, command: str) -> None:
-    """Replace (or append) this benchmark's section of docs/benchmarks.md, re-reading it first."""
-    doc = ROOT / "docs" / "benchmarks.md"
-    text = doc.read_text() if doc.exists() else "# Benchmarks\n"
-    load = os.getloadavg()[0]
-    section = (f"{SECTION}\n\nReproduce: `{command}` (measured {time.strftime('%Y-%m-%d')}, "
-               f"1-min load average at the end {load:.1f} on 2 cores: other jobs shared the CPU).\n\n{body}\n")
-    start = text.find(SECTION)
-    if start < 0:
-        text = text.rstrip("\n") + "\n\n" + section
-    else:
-        nxt = text.find("\n## ", start + len(SECTION))
-        text = text[:start] + section + ("" if nxt < 0 else "\n" + text[nxt + 1 :])
-    doc.write_text(text)
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--preset", default="12m")
@@ -154,8 +138,10 @@ def main() -> None:
     body, _ = run(args.preset, args.batch, args.steps)
     print(body)
     if not args.no_write:
-        write_section(body, command=f"python benchmarks/train_step.py --preset {args.preset} "
-                                    f"--batch {args.batch} --steps {args.steps}")
+        command = f"python benchmarks/train_step.py --preset {args.preset} --batch {args.batch} --steps {args.steps}"
+        # the load average is read after the run: it says how much other jobs shared the CPU meanwhile
+        write_section(SECTION, f"Reproduce: `{command}` (measured {time.strftime('%Y-%m-%d')}, 1-min load average "
+                      f"at the end {os.getloadavg()[0]:.1f} on 2 cores: other jobs shared the CPU).\n\n{body}")
 
 
 if __name__ == "__main__":
