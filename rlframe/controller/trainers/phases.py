@@ -76,6 +76,15 @@ def advantages(batch: DataProto, *, cfg: RunConfig, kl_ctrl) -> tuple[DataProto,
     return batch, metrics
 
 
+def reference_kl(batch: DataProto) -> dict:
+    """How far the policy has drifted from the reference: mean k1 KL estimate over response tokens."""
+    if "ref_log_prob" not in batch.batch.keys():
+        return {}
+    mask = batch.batch["response_mask"].bool()
+    diff = (batch.batch["old_log_probs"] - batch.batch["ref_log_prob"])[mask]
+    return {"actor/reference_kl": float(diff.mean()) if diff.numel() else 0.0}
+
+
 def logprob_consistency(batch: DataProto) -> dict:
     """Rollout engine log-probs vs the training engine's for the same tokens (a silent-bug alarm)."""
     if "rollout_log_probs" not in batch.batch.keys():

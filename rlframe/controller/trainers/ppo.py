@@ -114,6 +114,7 @@ class PPOTrainer:
                     batch = batch.union(self.roles.critic.compute_values(batch))
             with timed(t, "adv"):
                 batch, adv_m = phases.advantages(batch, cfg=self.cfg, kl_ctrl=self.kl_ctrl)
+            adv_m.update(phases.reference_kl(batch))
             batch.meta_info = {"global_step": self.step, "temperature": self.cfg.rollout.temperature}
             if self.roles.critic is not None:
                 with timed(t, "update_critic"):

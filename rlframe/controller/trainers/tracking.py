@@ -13,7 +13,7 @@ from pathlib import Path
 
 SINKS = ("console", "jsonl", "tensorboard", "wandb", "mlflow")
 PLOTTED = (("critic/score/mean", "reward (mean score)"), ("val/accuracy", "held-out accuracy"),
-           ("response_length/mean", "response length"), ("actor/ppo_kl", "KL(old || new)"))
+           ("response_length/mean", "response length"), ("actor/reference_kl", "KL(policy || reference)"))
 
 
 def _finite(metrics: dict) -> dict[str, float]:
