@@ -59,6 +59,16 @@ def _finish(*, loss_mat, response_mask, log_ratio, clip_active, lower_active, ag
     return loss, metrics
 
 
+def _checked_surrogate(*, old_log_prob, log_prob, advantages, response_mask, clip_ratio_low, clip_ratio_high, name):
+    """Validate the inputs of a token-level clipped loss; return (log_ratio, loss_mat, clip_active)."""
+    _check_clip(clip_ratio_low=clip_ratio_low, clip_ratio_high=clip_ratio_high, name=name)
+    check_token_tensors(response_mask=response_mask, old_log_prob=old_log_prob, log_prob=log_prob, advantages=advantages)
+    log_ratio = _token_log_ratio(log_prob, old_log_prob)
+    loss_mat, clip_active = _clipped_surrogate(ratio=torch.exp(log_ratio), advantages=advantages,
+                                               clip_ratio_low=clip_ratio_low, clip_ratio_high=clip_ratio_high)
+    return log_ratio, loss_mat, clip_active
+
+
 def _token_log_ratio(log_prob, old_log_prob):
     return torch.clamp(log_prob - old_log_prob.detach(), -_LOG_RATIO_CLAMP, _LOG_RATIO_CLAMP)
 
@@ -79,13 +89,9 @@ def ppo_loss(*, old_log_prob, log_prob, advantages, response_mask, loss_agg_mode
             f"policy loss 'ppo' got clip_ratio_c={clip_ratio_c}, which only the dual-clip loss uses; "
             f"set policy_loss to 'dual_clip' or clip_ratio_c to None"
         )
-    _check_clip(clip_ratio_low=clip_ratio_low, clip_ratio_high=clip_ratio_high, name="ppo")
-    check_token_tensors(response_mask=response_mask, old_log_prob=old_log_prob, log_prob=log_prob, advantages=advantages)
-    log_ratio = _token_log_ratio(log_prob, old_log_prob)
-    loss_mat, clip_active = _clipped_surrogate(
-        ratio=torch.exp(log_ratio), advantages=advantages,
-        clip_ratio_low=clip_ratio_low, clip_ratio_high=clip_ratio_high,
-    )
+    log_ratio, loss_mat, clip_active = _checked_surrogate(
+        old_log_prob=old_log_prob, log_prob=log_prob, advantages=advantages, response_mask=response_mask,
+        clip_ratio_low=clip_ratio_low, clip_ratio_high=clip_ratio_high, name="ppo")
     return _finish(
         loss_mat=loss_mat, response_mask=response_mask, log_ratio=log_ratio, clip_active=clip_active,
         lower_active=torch.zeros_like(clip_active),
@@ -110,13 +116,9 @@ def dual_clip_loss(*, old_log_prob, log_prob, advantages, response_mask, loss_ag
             f"dual_clip needs clip_ratio_c > 1 (the lower bound is -clip_ratio_c * A for A < 0; 3.0 is "
             f"the usual value), got {clip_ratio_c}"
         )
-    _check_clip(clip_ratio_low=clip_ratio_low, clip_ratio_high=clip_ratio_high, name="dual_clip")
-    check_token_tensors(response_mask=response_mask, old_log_prob=old_log_prob, log_prob=log_prob, advantages=advantages)
-    log_ratio = _token_log_ratio(log_prob, old_log_prob)
-    ppo_mat, clip_active = _clipped_surrogate(
-        ratio=torch.exp(log_ratio), advantages=advantages,
-        clip_ratio_low=clip_ratio_low, clip_ratio_high=clip_ratio_high,
-    )
+    log_ratio, ppo_mat, clip_active = _checked_surrogate(
+        old_log_prob=old_log_prob, log_prob=log_prob, advantages=advantages, response_mask=response_mask,
+        clip_ratio_low=clip_ratio_low, clip_ratio_high=clip_ratio_high, name="dual_clip")
     bound = -advantages * clip_ratio_c
     lower_active = (advantages < 0) & (ppo_mat > bound)
     loss_mat = torch.where(lower_active, bound, ppo_mat)
