@@ -106,7 +106,11 @@ def describe_run(cfg: RunConfig) -> str:
     ]
     rows = memory_estimate(cfg, n_params)
     lines += [f"  {name:<48} {gib:8.2f}" for name, gib in rows]
-    lines.append(f"  {'total (colocated)':<48} {sum(g for _, g in rows):8.2f}")
+    total = sum(g for _, g in rows)
+    lines.append(f"  {'total (colocated)':<48} {total:8.2f}")
+    if res.use_gpu:
+        verdict = "fits" if total <= DEVICE_GIB else "does NOT fit (raise tp/pp/nodes, or lower gpu_memory_utilization)"
+        lines.append(f"  {verdict} in {DEVICE_GIB} GiB before activations")
     return "\n".join(lines)
 
 
