@@ -120,7 +120,8 @@ def _flatten(d: dict, prefix: str = "") -> dict:
 
 def format_console(step: int, total: int, metrics: dict) -> str:
     keys = [("critic/score/mean", "reward"), ("val/accuracy", "val_acc"), ("response_length/mean", "len"),
-            ("actor/pg_loss", "pg_loss"), ("actor/ppo_kl", "kl"), ("timing_s/step", "s/step")]
+            ("actor/pg_loss", "pg_loss"), ("actor/reference_kl", "ref_kl"), ("actor/ppo_kl", "ppo_kl"),
+            ("timing_s/step", "s/step")]
     parts = [f"{short}={metrics[k]:.3f}" for k, short in keys if k in metrics]
     return f"step {step}/{total} " + " ".join(parts)
 
@@ -149,7 +150,7 @@ class progress:
             say(format_console(self.step, self.total, metrics))
             return
         post = {k: f"{metrics[m]:.3f}" for k, m in (("reward", "critic/score/mean"), ("val_acc", "val/accuracy"),
-                                                      ("kl", "actor/ppo_kl")) if m in metrics}
+                                                      ("ref_kl", "actor/reference_kl")) if m in metrics}
         self.bar.set_postfix(post)
         self.bar.update(1)
         if "val/accuracy" in metrics:
