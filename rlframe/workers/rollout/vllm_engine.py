@@ -39,6 +39,7 @@ import logging
 import os
 import time
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any, Iterator
 
 import torch
@@ -117,6 +118,40 @@ def llm_kwargs(model_path: str, config: RolloutConfig, *, is_cpu: bool, sleep_su
     return kwargs
 
 
+def remove_stale_cpu_shm(shm_dir: str = "/dev/shm") -> list[str]:
+    """Unlink vLLM CPU shared-memory segments that no live process has mapped; return their names.
+
+    vLLM's CPU backend gives a TP group's segments a name made of the TP ranks only under the
+    external launcher (e.g. `-tp:0-[0-1]-cpushm_0`), so a segment left by a killed run makes the
+    next TP group on the machine fail ("create shm in SHMManager failed. errno: 17"). Segments in
+    use stay mapped by their processes (/proc/*/maps) and are left alone. Rank 0 cleans, then all
+    ranks of the group wait for it. Two TP groups starting at the same moment on one machine still
+    share names (a vLLM limitation of the external launcher on CPU).
+    """
+    import torch.distributed as dist
+
+    removed = []
+    if not dist.is_initialized() or dist.get_rank() == 0:
+        candidates = [p for p in Path(shm_dir).glob("*cpushm*") if p.is_file()]
+        if candidates:
+            mapped = set()
+            for maps in Path("/proc").glob("[0-9]*/maps"):
+                try:
+                    text = maps.read_text()
+                except OSError:  # the process ended or is not ours to read
+                    continue
+                mapped.update(line.rsplit("/", 1)[-1] for line in text.splitlines() if "cpushm" in line)
+            for p in candidates:
+                if p.name not in mapped:
+                    p.unlink(missing_ok=True)
+                    removed.append(p.name)
+    if removed:
+        logger.warning("removed %d stale vLLM CPU shared-memory segment(s): %s", len(removed), removed)
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.barrier()
+    return removed
+
+
 class VLLMRolloutEngine(RolloutEngine):
     """In-process vLLM engine; see the module docstring for the dataflow."""
 
@@ -127,6 +162,7 @@ class VLLMRolloutEngine(RolloutEngine):
         process's own torch threads (the engine shares the process with training); "auto" lets vLLM
         pin one core per rank and reserve the others."""
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+        remove_stale_cpu_shm()
         os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", cpu_threads_bind)
         from vllm import LLM
         from vllm.distributed import get_tensor_model_parallel_rank

@@ -76,3 +76,18 @@ def test_as_buckets_accepts_state_dicts_pairs_and_buckets():
     assert list(as_buckets(buckets)) == buckets
     with pytest.raises(ValueError, match="update_weights got an iterable of int"):
         list(as_buckets([1, 2]))
+
+
+def test_stale_cpu_shm_segments_are_removed_and_live_ones_kept(tmp_path):
+    """A segment nobody maps (left by a killed run) goes; one a live process maps stays."""
+    import mmap
+
+    from rlframe.workers.rollout.vllm_engine import remove_stale_cpu_shm
+
+    stale = tmp_path / "-tp:0-[0-1]-cpushm_0"
+    live = tmp_path / "-tp:0-[0-1]-cpushm_1"
+    for p in (stale, live):
+        p.write_bytes(b"\0" * 4096)
+    with live.open("r+b") as f, mmap.mmap(f.fileno(), 4096):
+        assert remove_stale_cpu_shm(str(tmp_path)) == [stale.name]
+    assert not stale.exists() and live.exists()
