@@ -24,8 +24,9 @@ from rlframe.algos.grouping import group_rows
 from rlframe.controller import Dispatch, register
 from rlframe.controller.trainers import phases
 from rlframe.controller.trainers.metrics import batch_metrics, gathered, throughput
-from rlframe.controller.trainers.ppo import PPOTrainer, timed
+from rlframe.controller.trainers.ppo import PPOTrainer
 from rlframe.protocol import DataProto
+from rlframe.utils.timing import timed
 from rlframe.workers.actor import ActorWorker
 
 ACCEPT_SCORE = 1.0  # a response is accepted when its reward reaches this (a correct answer)

@@ -7,6 +7,7 @@ the `config.json` at `model.path`, or the tiny preset), never weights, GPUs or R
 from __future__ import annotations
 
 import json
+from math import prod
 from pathlib import Path
 
 from rlframe.config.schema import RunConfig
@@ -72,7 +73,7 @@ def memory_estimate(cfg: RunConfig, n_params: int) -> list[tuple[str, float]]:
 def describe_run(cfg: RunConfig) -> str:
     dims = model_dims(cfg)
     shapes = hf_param_shapes(dims)
-    n_params = sum(_numel(s) for s in shapes.values())
+    n_params = sum(prod(s) for s in shapes.values())
     res = cfg.resources
     sizes = role_world_sizes(cfg)
     train, gen, scheme = layouts(cfg)
@@ -112,10 +113,3 @@ def describe_run(cfg: RunConfig) -> str:
         verdict = "fits" if total <= DEVICE_GIB else "does NOT fit (raise tp/pp/nodes, or lower gpu_memory_utilization)"
         lines.append(f"  {verdict} in {DEVICE_GIB} GiB before activations")
     return "\n".join(lines)
-
-
-def _numel(shape) -> int:
-    n = 1
-    for s in shape:
-        n *= s
-    return n

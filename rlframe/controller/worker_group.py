@@ -197,7 +197,8 @@ class RayWorkerGroup:
         return f"worker group {self.name!r} role {self.role!r} method {method!r}"
 
     def _bind_methods(self) -> None:
-        for method in registered_methods(self.cls):
+        self._registrations = registered_methods(self.cls)  # looked up once, not on every call
+        for method in self._registrations:
             if hasattr(type(self), method):
                 raise ValueError(
                     f"{self.cls.__name__}.{method} is registered but the name is taken by the worker "
@@ -209,7 +210,7 @@ class RayWorkerGroup:
 
     def call(self, method: str, *args, blocking: bool | None = None, timeout: float | None = None, **kwargs):
         """Split args per the method's dispatch mode, call every rank, gather the outputs."""
-        reg = registered_methods(self.cls).get(method)
+        reg = self._registrations.get(method)
         if reg is None:
             raise AttributeError(f"{self.cls.__name__}.{method} is not a registered method")
         mode = get_dispatch_mode(reg.dispatch)

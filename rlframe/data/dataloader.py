@@ -17,6 +17,7 @@ from __future__ import annotations
 import numpy as np
 
 from rlframe.data.dataset import PromptRow
+from rlframe.utils.masks import position_ids_from_mask
 
 NON_TENSOR_KEYS = ("raw_prompt", "data_source", "ground_truth", "extra_info", "index")
 
@@ -47,7 +48,7 @@ def collate(rows: list[PromptRow], indices: list[int], *, pad_token_id: int, pad
         n = len(r.prompt_ids)
         ids[i, width - n :] = torch.tensor(r.prompt_ids, dtype=torch.long)
         mask[i, width - n :] = 1
-    position_ids = torch.clamp(mask.cumsum(dim=1) - 1, min=0)
+    position_ids = position_ids_from_mask(mask)
     batch = {"input_ids": ids, "attention_mask": mask, "position_ids": position_ids}
     batch["raw_prompt"] = _object_array([r.raw_prompt for r in rows])
     batch["data_source"] = _object_array([r.data_source for r in rows])

@@ -16,6 +16,8 @@ and reads the output at the sequence's last real token, as in InstructGPT's rewa
 
 from __future__ import annotations
 
+from rlframe.utils.masks import position_ids_from_mask
+
 ENSEMBLE_MODES = ("mean", "min")
 
 
@@ -39,7 +41,7 @@ def build_rm_inputs(prompts, prompt_mask, responses, response_mask) -> dict:
         )
     input_ids = torch.cat([prompts, responses], dim=1).long()
     attention_mask = torch.cat([prompt_mask, response_mask], dim=1).long()
-    position_ids = torch.clamp(attention_mask.cumsum(dim=1) - 1, min=0)
+    position_ids = position_ids_from_mask(attention_mask)
     return {"input_ids": input_ids, "attention_mask": attention_mask, "position_ids": position_ids}
 
 
@@ -67,7 +69,7 @@ def retokenize_for_rm(
         if s:
             ids[i, width - len(s) :] = torch.tensor(s)
             mask[i, width - len(s) :] = 1
-    position_ids = torch.clamp(mask.cumsum(dim=1) - 1, min=0)
+    position_ids = position_ids_from_mask(mask)
     return {"input_ids": ids, "attention_mask": mask, "position_ids": position_ids}
 
 

@@ -20,11 +20,12 @@ from rlframe.resharding.executor import execute_plan
 from rlframe.resharding.layout import Layout
 from rlframe.resharding.planner import ParamMeta, plan_reshard
 from rlframe.workers.common import (
-    LOSS_WEIGHTING, build_train_engine, mean_metrics, metrics_only, prefixed, rollout_config, timer,
+    LOSS_WEIGHTING, build_train_engine, metrics_only, prefixed, rollout_config,
 )
 from rlframe.workers.losses import actor_loss_fn, dpo_loss_fn, sft_loss_fn
 from rlframe.workers.rollout import SamplingConfig, build_rollout_engine
 from rlframe.workers.rollout.weight_sync import vllm_tp_box
+from rlframe.utils.timing import timed
 from rlframe.workers.trained_role import TrainedRole
 
 
@@ -75,10 +76,10 @@ class ActorWorker(TrainedRole):
         the SamplingConfig fields. Returns the rollout batch (n samples per prompt adjacent)."""
         sampling = SamplingConfig(**prompts.meta_info["sampling"])
         timing: dict[str, float] = {}
-        with timer(timing, "timing_s/update_weights"):
+        with timed(timing, "update_weights"):
             sync = self._sync_weights()
         self.rollout.wake()
-        with timer(timing, "timing_s/gen_local"):
+        with timed(timing, "gen_local"):
             out = self.rollout.generate(prompts, sampling)
         self.rollout.sleep()
         out.meta_info = {METRICS_KEY: {**timing, **sync}}
@@ -103,16 +104,13 @@ class ActorWorker(TrainedRole):
                                temperature=temperature, with_entropy=True)
 
     def _update_dpo(self, data: DataProto, *, temperature: float) -> DataProto:
-        """DPO keeps (chosen, rejected) rows adjacent: no shuffling, each mini-batch one micro-batch."""
-        loss_fn = dpo_loss_fn(beta=self.algo.dpo_beta)
-        per_rank = self.cfg.mini_batch_size // self.cfg.dp
-        rows = []
-        for _ in range(self.cfg.ppo_epochs):
-            for mb in data.split(max(2, per_rank - per_rank % 2)):
-                m = self.engine.train_step(loss_fn, [mb], temperature=temperature, loss_weighting="samples")
-                rows.append(prefixed(m, "actor"))
-        self.after_update()
-        return metrics_only(mean_metrics(rows), self.rank_info().dp_rank)
+        """DPO keeps (chosen, rejected) rows adjacent: no shuffling, each mini-batch one micro-batch
+        (an even number of rows, so no pair is split)."""
+        def in_order(batch, per_rank):
+            return [[mb] for mb in batch.split(max(2, per_rank - per_rank % 2))]
+
+        return self.run_epochs(data, dpo_loss_fn(beta=self.algo.dpo_beta), prefix="actor", loss_weighting="samples",
+                               minibatches=in_order, temperature=temperature)
 
     def after_update(self) -> None:
         self._weights_stale = True  # the rollout engine gets the new weights before its next generate

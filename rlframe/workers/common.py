@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import time
-from contextlib import contextmanager
 
 from rlframe.config.schema import RolloutSection, TrainRoleConfig
 from rlframe.workers.engines import TrainEngineConfig, get_train_engine
@@ -42,13 +40,6 @@ def prefixed(metrics: dict, prefix: str) -> dict[str, float]:
 def mean_metrics(rows: list[dict[str, float]]) -> dict[str, float]:
     keys = {k for r in rows for k in r}
     return {k: sum(r[k] for r in rows if k in r) / sum(1 for r in rows if k in r) for k in sorted(keys)}
-
-
-@contextmanager
-def timer(out: dict, key: str):
-    t0 = time.perf_counter()
-    yield
-    out[key] = out.get(key, 0.0) + time.perf_counter() - t0
 
 
 def metrics_only(metrics: dict[str, float], dp_rank: int):

@@ -13,15 +13,18 @@ class TrainedRole(Worker):
     cfg: TrainRoleConfig
 
     def run_epochs(self, data: DataProto, loss_fn, *, prefix: str, loss_weighting: str, seed_salt: int = 0,
-                   **step_kwargs) -> DataProto:
+                   minibatches=None, **step_kwargs) -> DataProto:
         """`cfg.ppo_epochs` passes over this rank's chunk, one optimizer step per mini-batch of
         `cfg.mini_batch_size / dp` rows (shuffled, seeded by the global step so a resumed run
-        draws the same mini-batches)."""
+        draws the same mini-batches). `minibatches(data, per_rank)` replaces the shuffled split
+        where rows must stay in order (e.g. DPO's pairs)."""
         per_rank = self.cfg.mini_batch_size // self.cfg.dp
         step = int(data.meta_info.get("global_step", 0))
         rows = []
         for epoch in range(self.cfg.ppo_epochs):
-            for mb in data.iter_minibatches(per_rank, shuffle=True, seed=step * 1000 + epoch + seed_salt):
+            split = minibatches(data, per_rank) if minibatches is not None else data.iter_minibatches(
+                per_rank, shuffle=True, seed=step * 1000 + epoch + seed_salt)
+            for mb in split:
                 m = self.engine.train_step(loss_fn, mb, loss_weighting=loss_weighting, **step_kwargs)
                 rows.append(prefixed(m, prefix))
         self.after_update()

@@ -18,7 +18,8 @@ import torch
 
 from rlframe.algos.preference import make_preference_pairs
 from rlframe.controller.trainers.metrics import gathered, throughput
-from rlframe.controller.trainers.ppo import PPOTrainer, timed
+from rlframe.controller.trainers.ppo import PPOTrainer
+from rlframe.utils.timing import timed
 
 
 class OnlineDPOTrainer(PPOTrainer):

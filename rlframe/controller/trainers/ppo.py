@@ -17,8 +17,6 @@ One step, as the driver sees it (each line one call on a worker group, or a pure
 
 from __future__ import annotations
 
-import time
-from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -38,13 +36,7 @@ from rlframe.data.dataloader import to_dataproto
 from rlframe.protocol import DataProto
 from rlframe.rewards.manager import RewardManager
 from rlframe.rewards.registry import RewardFnSpec
-
-
-@contextmanager
-def timed(timing: dict, name: str):
-    t0 = time.perf_counter()
-    yield
-    timing[f"timing_s/{name}"] = timing.get(f"timing_s/{name}", 0.0) + time.perf_counter() - t0
+from rlframe.utils.timing import timed
 
 
 class PPOTrainer:

@@ -13,8 +13,10 @@ from __future__ import annotations
 import torch
 
 from rlframe.controller.trainers.metrics import gathered, throughput
-from rlframe.controller.trainers.ppo import PPOTrainer, timed
+from rlframe.controller.trainers.ppo import PPOTrainer
 from rlframe.protocol import DataProto
+from rlframe.utils.masks import position_ids_from_mask
+from rlframe.utils.timing import timed
 
 
 class SFTTrainer(PPOTrainer):
@@ -39,5 +41,5 @@ class SFTTrainer(PPOTrainer):
         attn = torch.cat([prompts.batch["attention_mask"], mask], dim=1)
         tensors = {"prompts": prompts.batch["input_ids"], "responses": resp, "response_mask": mask,
                    "input_ids": torch.cat([prompts.batch["input_ids"], resp], dim=1), "attention_mask": attn,
-                   "position_ids": torch.clamp(attn.cumsum(dim=1) - 1, min=0)}
+                   "position_ids": position_ids_from_mask(attn)}
         return DataProto.from_dict(tensors=tensors, non_tensors=dict(prompts.non_tensor_batch))

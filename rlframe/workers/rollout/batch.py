@@ -14,6 +14,8 @@ from typing import Any, Mapping, Sequence
 
 import torch
 
+from rlframe.utils.masks import position_ids_from_mask
+
 PROMPT_KEYS = ("input_ids", "attention_mask")
 
 
@@ -78,7 +80,7 @@ def assemble_batch(
         "response_mask": resp_mask,
         "input_ids": torch.cat([prompts, resp], dim=1),
         "attention_mask": attention_mask,
-        "position_ids": torch.clamp(attention_mask.cumsum(dim=1) - 1, min=0),
+        "position_ids": position_ids_from_mask(attention_mask),
         "rollout_log_probs": lp,
     }
 
