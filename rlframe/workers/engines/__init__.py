@@ -1,6 +1,7 @@
 """Training engines behind one interface (`base.TrainEngine`), chosen by name in config.
 
     engine_cls = get_train_engine("fsdp")        # FSDP2 + DTensor TP, CPU (gloo) or GPU (nccl)
+    engine_cls = get_train_engine("megatron")    # megatron-core TP/PP/DP + distributed optimizer (GPU)
     engine = engine_cls(TrainEngineConfig(model_path=..., dp=2, tp=2))
 
 Backends register lazily ("module:Class") so importing this package does not import a backend's
@@ -15,6 +16,7 @@ from rlframe.workers.engines.base import TrainEngine, TrainEngineConfig
 
 _TRAIN_ENGINES: dict[str, str] = {
     "fsdp": "rlframe.workers.engines.fsdp:FSDPTrainEngine",
+    "megatron": "rlframe.workers.engines.megatron.engine:MegatronTrainEngine",
 }
 
 

@@ -1,4 +1,4 @@
-"""The training-engine interface every backend implements (fsdp now, megatron later).
+"""The training-engine interface every backend implements ("fsdp" and "megatron").
 
 A training engine owns one model replica spread over a (dp, tp) layout of the ranks of its worker
 group, plus its optimizer and LR scheduler. Roles (actor, critic, reference) call it; the engine
@@ -34,19 +34,23 @@ class TrainEngineConfig:
 
     head: "lm" (causal LM, for actor/reference) or "value" (critic: Linear(hidden, 1) on the
         last hidden state, built as AutoModelForTokenClassification with num_labels=1).
-    dp, tp: data-parallel (FSDP2) and tensor-parallel sizes; dp * tp must equal the ranks given.
+    dp, tp, pp: data-, tensor- and pipeline-parallel sizes; dp * tp * pp must equal the ranks given
+        (pp > 1 and sequence_parallel only on the megatron backend).
     mixed_precision: None = bf16 compute with fp32 master weights on GPU, fp32 on CPU.
     lr_schedule: "constant" or "cosine" (linear warmup over warmup_steps, cosine decay to
         min_lr_ratio * lr at total_steps).
     micro_batch_size / max_tokens_per_micro_batch: how `train_step` and the forward methods split
         a whole batch when not given a list of micro-batches (token budget counts valid tokens).
-    remove_padding: pack the valid tokens of a micro-batch into as few rows as possible.
+    remove_padding: pack the valid tokens of a micro-batch into as few rows as possible (fsdp).
+    attn_implementation: "auto" = flash_attention_2 on GPU when flash-attn is installed, else sdpa.
     """
 
     model_path: str
     head: str = "lm"
     dp: int = 1
     tp: int = 1
+    pp: int = 1
+    sequence_parallel: bool = False
     lr: float = 1e-5
     weight_decay: float = 0.0
     betas: tuple[float, float] = (0.9, 0.999)
@@ -60,14 +64,14 @@ class TrainEngineConfig:
     max_tokens_per_micro_batch: int | None = None
     remove_padding: bool = True
     mixed_precision: bool | None = None
-    attn_implementation: str = "sdpa"
+    attn_implementation: str = "auto"
     seed: int = 0
 
     def __post_init__(self):
         if self.head not in HEADS:
             raise ValueError(f"engine head {self.head!r} is unknown; use one of {HEADS}")
-        if self.dp < 1 or self.tp < 1:
-            raise ValueError(f"dp ({self.dp}) and tp ({self.tp}) must be >= 1")
+        if self.dp < 1 or self.tp < 1 or self.pp < 1:
+            raise ValueError(f"dp ({self.dp}), tp ({self.tp}) and pp ({self.pp}) must be >= 1")
         if self.lr_schedule not in LR_SCHEDULES:
             raise ValueError(f"lr_schedule {self.lr_schedule!r} is unknown; use one of {LR_SCHEDULES}")
         if self.lr_schedule == "cosine" and self.total_steps <= self.warmup_steps:
@@ -85,7 +89,7 @@ class TrainEngineConfig:
 
 
 class TrainEngine(abc.ABC):
-    """One model replica over a (dp, tp) layout, with optimizer, scheduler and checkpoints."""
+    """One model replica over a (dp, tp[, pp]) layout, with optimizer, scheduler and checkpoints."""
 
     config: TrainEngineConfig
 

@@ -5,11 +5,7 @@ Dataflow of `train_step(loss_fn, micro_batches)`:
   -> vocab-parallel log-probs (or critic values) in fp32 -> loss_fn -> (loss * weight).backward()
   (FSDP2 reduce-scatters and averages gradients over dp) -> global grad norm -> skip the step if it
   is not finite, else clip -> AdamW step -> LR scheduler step.
-Micro-batch weights make the accumulated gradient that of one big batch: with
-`loss_weighting="tokens"` a micro-batch's mean-per-token loss counts in proportion to its response
-tokens out of all response tokens of all micro-batches of all dp ranks (so 1 x 8 == 8 x 1 and
-dp2 == dp1); "samples" weights by samples; "none" sums the losses as given (the loss function
-normalises globally itself).
+Micro-batch weights make the accumulated gradient that of one big batch (see `accumulate`).
 
 Example (inside an initialised process group of 4 ranks):
     engine = FSDPTrainEngine(TrainEngineConfig(model_path=path, dp=2, tp=2, lr=1e-4))
@@ -27,9 +23,10 @@ import torch
 import torch.distributed as dist
 
 from rlframe.workers.engines import checkpoint as ckpt
-from rlframe.workers.engines.base import LOSS_WEIGHTINGS, TrainEngine, TrainEngineConfig, require_keys
+from rlframe.workers.engines.accumulate import MetricSums, check_scalar_loss, micro_batch_weights
+from rlframe.workers.engines.base import TrainEngine, TrainEngineConfig, require_keys
 from rlframe.workers.engines.micro_batch import MicroBatch, plan_micro_batches, restore_order
-from rlframe.workers.engines.modeling import load_config, load_model
+from rlframe.workers.engines.modeling import load_config, load_model, resolve_attn_implementation
 from rlframe.workers.engines.optim import (
     build_optimizer, build_scheduler, global_grad_norm, scale_grads_,
 )
@@ -53,6 +50,9 @@ class FSDPTrainEngine(TrainEngine):
     def __init__(self, config: TrainEngineConfig, *, device_mesh=None):
         if not dist.is_initialized():
             raise ValueError("FSDPTrainEngine needs an initialised torch.distributed process group")
+        if config.pp != 1 or config.sequence_parallel:
+            raise ValueError(f"the fsdp engine has no pipeline or sequence parallelism (pp={config.pp}, "
+                             f"sequence_parallel={config.sequence_parallel}); use the megatron engine")
         self.config = config
         hf_config = load_config(config.model_path)
         check_model_fits(hf_config, tp=config.tp, model_type_path=f"{hf_config.model_type} at {config.model_path}")
@@ -74,7 +74,8 @@ class FSDPTrainEngine(TrainEngine):
 
     def _build_model(self):
         cfg = self.config
-        model = load_model(cfg.model_path, head=cfg.head, seed=cfg.seed, attn_implementation=cfg.attn_implementation)
+        attn = resolve_attn_implementation(cfg.attn_implementation, on_gpu=self.device.type == "cuda")
+        model = load_model(cfg.model_path, head=cfg.head, seed=cfg.seed, attn_implementation=attn)
         decoder_layers(model)  # fails early on an unsupported architecture
         model.to(self.device)
         if cfg.tp > 1:
@@ -151,57 +152,22 @@ class FSDPTrainEngine(TrainEngine):
                                    max_tokens=max_tokens_per_micro_batch)["values"]
 
     # ---- training ------------------------------------------------------------------------
-    def _weights(self, mbs: list[MicroBatch], loss_weighting: str) -> list[float]:
-        """Per micro-batch loss multipliers; with FSDP's dp average they give one global mean."""
-        if loss_weighting not in LOSS_WEIGHTINGS:
-            raise ValueError(f"loss_weighting {loss_weighting!r} is unknown; use one of {LOSS_WEIGHTINGS}")
-        dp = self.config.dp
-        if loss_weighting == "none":
-            return [dp * mb.weight_scale for mb in mbs]
-        if loss_weighting == "tokens":
-            require_keys(mbs[0].data, ("response_mask",), what="loss_weighting='tokens'")
-            units = [float(mb.data["response_mask"].sum()) * mb.weight_scale for mb in mbs]
-        else:
-            units = [float(mb.size) * mb.weight_scale for mb in mbs]
-        total = torch.tensor([sum(units)], dtype=torch.float64, device=self.device)
-        if dp > 1:
-            dist.all_reduce(total, group=self.dp_group)
-        if float(total) <= 0:
-            raise ValueError(f"loss_weighting={loss_weighting!r}: the batch has no response tokens/samples to weight")
-        return [u * dp / float(total) for u in units]
-
     def train_step(self, loss_fn, micro_batches, *, temperature: float = 1.0,
                    loss_weighting: str = "tokens", with_entropy: bool = False) -> dict[str, float]:
         mbs = self._plan(micro_batches)
-        weights = self._weights(mbs, loss_weighting)
+        weights = micro_batch_weights(mbs, loss_weighting, dp=self.config.dp, dp_group=self.dp_group,
+                                      device=self.device)
         self.optimizer.zero_grad(set_to_none=True)
-        sums: dict[str, torch.Tensor] = {}
-        tokens = {"tokens_valid": 0, "tokens_computed": 0, "tokens_padded": 0}
+        sums = MetricSums()
         for mb, w in zip(mbs, weights):
             outputs, stats = self._forward(mb.data, temperature=temperature, with_entropy=with_entropy)
             loss, metrics = loss_fn(outputs, mb.data)
-            if not isinstance(loss, torch.Tensor) or loss.dim() != 0:
-                raise ValueError(f"loss_fn must return a scalar tensor as its loss, got {type(loss).__name__} "
-                                 f"{getattr(loss, 'shape', '')}")
+            check_scalar_loss(loss)
             (loss * w).backward()
-            for k, v in {"loss": loss, **dict(metrics)}.items():
-                sums[k] = sums.get(k, 0.0) + torch.as_tensor(v, dtype=torch.float64).detach().cpu() * w
-            if mb.weight_scale:
-                tokens = {k: tokens[k] + stats[k] for k in tokens}
-        result = self._reduce_metrics(sums, tokens)
+            sums.add(loss, metrics, w, stats, mb.weight_scale)
+        result = sums.reduce(dp=self.config.dp, dp_group=self.dp_group, device=self.device)
         result.update(self._optimizer_step())
         return result
-
-    def _reduce_metrics(self, sums: dict[str, torch.Tensor], tokens: dict[str, int]) -> dict[str, float]:
-        """Weighted metric sums -> global values (all-reduced over dp; identical over tp)."""
-        keys = sorted(sums) + sorted(tokens)
-        # Metric sums carry weight dp / total each; dividing by dp turns the dp-sum into the mean.
-        vec = torch.stack([sums[k].double() / self.config.dp for k in sorted(sums)]
-                          + [torch.tensor(float(tokens[k]), dtype=torch.float64) for k in sorted(tokens)])
-        vec = vec.to(self.device)
-        if self.config.dp > 1:
-            dist.all_reduce(vec, group=self.dp_group)
-        return {k: float(v) for k, v in zip(keys, vec.cpu().tolist())}
 
     def _optimizer_step(self) -> dict[str, float]:
         params = [p for p in self.model.parameters() if p.requires_grad]
@@ -267,4 +233,12 @@ class FSDPTrainEngine(TrainEngine):
         ckpt.load_checkpoint(self, path, process_group=self._flat_group)
 
     def export_hf(self, path: str) -> None:
-        ckpt.export_hf(self, path, barrier=self._barrier)
+        ckpt.export_hf(self, path, full=ckpt.gather_full_state(self.model), hf_config=self.model.config,
+                       barrier=self._barrier)
+
+    def engine_state(self) -> dict[str, Any]:
+        return {"scheduler": self.scheduler.state_dict(), "steps": self.steps}
+
+    def load_engine_state(self, state: dict[str, Any]) -> None:
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.steps = int(state["steps"])

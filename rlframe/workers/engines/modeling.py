@@ -33,6 +33,25 @@ def load_config(path: str):
     return AutoConfig.from_pretrained(path)
 
 
+def resolve_attn_implementation(name: str, *, on_gpu: bool) -> str:
+    """"auto" -> flash_attention_2 on GPU when flash-attn is installed, else sdpa (also on CPU).
+
+    Packed micro-batches carry no attention mask (position ids restart per sequence), which is
+    the form transformers' flash-attention path takes for variable-length packing.
+    """
+    import importlib.util
+
+    have_flash = importlib.util.find_spec("flash_attn") is not None
+    if name == "auto":
+        return "flash_attention_2" if on_gpu and have_flash else "sdpa"
+    if name == "flash_attention_2" and not (on_gpu and have_flash):
+        raise ValueError(
+            "attn_implementation='flash_attention_2' needs a GPU and the flash-attn package "
+            f"(GPU: {on_gpu}, flash-attn installed: {have_flash}); use 'auto' to fall back to sdpa"
+        )
+    return name
+
+
 def load_model(path: str, *, head: str, seed: int, attn_implementation: str = "sdpa"):
     """The full model in fp32 on CPU, in train mode with dropout off (so every layout agrees)."""
     from transformers import AutoModelForCausalLM, AutoModelForTokenClassification

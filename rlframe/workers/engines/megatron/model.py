@@ -1,0 +1,135 @@
+"""A megatron-core `GPTModel` built from a HF config (Llama and Qwen2 families, GQA), and the
+model-parallel state it runs in.
+
+- `transformer_config` maps the HF config onto megatron-core's `TransformerConfig`: RMSNorm,
+  SwiGLU (gated_linear_unit + silu), GQA (`num_query_groups`), `kv_channels` = head_dim, qkv bias
+  for Qwen2, no other biases, no dropout (so megatron and fsdp agree), rope base and Llama-3 rope
+  scaling on `GPTModel`. Fusions that need apex or Transformer Engine kernels are off.
+- `layer_spec`: megatron-core's local (torch) layer spec. Transformer Engine's spec is left out on
+  purpose: rlframe passes an explicit causal + padding mask, which the local `DotProductAttention`
+  takes as is.
+- `ValueHead`: the critic's Linear(hidden, 1) in the place of `output_layer` (same call signature),
+  replicated over tp; with sequence parallelism it first gathers the sequence.
+- `init_model_parallel`: megatron-core keeps one model-parallel state per process, so every
+  megatron engine of a process (actor, critic and reference colocated) must use the same (tp, pp).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from rlframe.resharding.formats import ModelDims
+
+SUPPORTED_MODEL_TYPES = ("llama", "qwen2")
+
+
+def check_hf_config(hf_config, *, tp: int, pp: int, where: str) -> ModelDims:
+    """ModelDims of a supported HF config whose shapes split over (tp, pp), else a clear error."""
+    if hf_config.model_type not in SUPPORTED_MODEL_TYPES:
+        raise ValueError(f"{where}: the megatron engine builds {SUPPORTED_MODEL_TYPES} models, not "
+                         f"{hf_config.model_type!r}; use strategy=fsdp for other architectures")
+    if getattr(hf_config, "tie_word_embeddings", False):
+        raise ValueError(f"{where}: tie_word_embeddings=True is not supported by the megatron engine "
+                         "(the HF <-> Megatron conversion expects a separate lm_head); use strategy=fsdp")
+    dims = ModelDims.from_hf_config(hf_config)
+    dims.check_tp(tp)
+    problems = [f"{what}({n}) % {by_name}({by}) != 0" for what, n, by_name, by in (
+        ("num_attention_heads", dims.num_heads, "tp", tp), ("intermediate_size", dims.intermediate_size, "tp", tp),
+        ("vocab_size", dims.vocab_size, "tp", tp), ("num_hidden_layers", dims.num_layers, "pp", pp)) if n % by]
+    if problems:
+        raise ValueError(f"{where}: the layout tp={tp} pp={pp} does not divide the model: {'; '.join(problems)}")
+    return dims
+
+
+def rope_settings(hf_config) -> dict:
+    """GPTModel's rope arguments from a HF config (transformers 5 `rope_parameters` or older fields)."""
+    params = dict(getattr(hf_config, "rope_parameters", None) or getattr(hf_config, "rope_scaling", None) or {})
+    theta = params.get("rope_theta", getattr(hf_config, "rope_theta", 10000.0))
+    kind = params.get("rope_type", params.get("type", "default"))
+    out = {"rotary_base": float(theta)}
+    if kind == "llama3":
+        out.update(rope_scaling=True, rope_scaling_factor=float(params["factor"]))
+    elif kind != "default":
+        raise ValueError(f"rope type {kind!r} is not supported by the megatron engine (default and llama3 are)")
+    return out
+
+
+def transformer_config(hf_config, *, tp: int, pp: int, sequence_parallel: bool, params_dtype: torch.dtype,
+                       cpu_init: bool):
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    dims = ModelDims.from_hf_config(hf_config)
+    return TransformerConfig(
+        num_layers=dims.num_layers, hidden_size=dims.hidden_size, num_attention_heads=dims.num_heads,
+        num_query_groups=dims.num_kv_heads, kv_channels=dims.head_dim, ffn_hidden_size=dims.intermediate_size,
+        layernorm_epsilon=float(hf_config.rms_norm_eps), normalization="RMSNorm",
+        gated_linear_unit=True, activation_func=torch.nn.functional.silu,
+        add_bias_linear=False, add_qkv_bias=dims.qkv_bias,
+        hidden_dropout=0.0, attention_dropout=0.0, init_method_std=float(hf_config.initializer_range),
+        tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp, sequence_parallel=sequence_parallel and tp > 1,
+        params_dtype=params_dtype, pipeline_dtype=params_dtype, bf16=params_dtype == torch.bfloat16,
+        use_cpu_initialization=cpu_init, perform_initialization=False,  # weights come from the HF checkpoint
+        bias_activation_fusion=False, bias_dropout_fusion=False, masked_softmax_fusion=False,
+        persist_layer_norm=False, apply_rope_fusion=False, gradient_accumulation_fusion=False,
+        # Micro-batches differ in length; megatron-core allows that only with this dispatcher setting
+        # (which has no effect on a dense model).
+        variable_seq_lengths=True, moe_token_dispatcher_type="alltoall",
+    )
+
+
+def layer_spec():
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+
+    return get_gpt_layer_local_spec(normalization="RMSNorm")
+
+
+class ValueHead(torch.nn.Linear):
+    """Linear(hidden, 1) called like megatron's output layer: (hidden (s, b, H)) -> ((s, b, 1), None)."""
+
+    def __init__(self, hidden_size: int, *, sequence_parallel: bool):
+        super().__init__(hidden_size, 1)
+        self.sequence_parallel = sequence_parallel
+
+    def forward(self, hidden, weight=None, runtime_gather_output=None, **_):
+        if self.sequence_parallel:
+            from megatron.core.tensor_parallel import gather_from_sequence_parallel_region
+
+            # Every tp rank computes the head on the whole sequence; backward keeps its own slice.
+            hidden = gather_from_sequence_parallel_region(hidden, tensor_parallel_output_grad=False)
+        return super().forward(hidden), None
+
+
+def build_model(hf_config, *, head: str, config, pre_process: bool, post_process: bool, device: torch.device):
+    """One pipeline stage's GPTModel (this process's tp shard), weights uninitialised."""
+    from megatron.core.models.gpt.gpt_model import GPTModel
+
+    model = GPTModel(
+        config, layer_spec(), vocab_size=int(hf_config.vocab_size),
+        max_sequence_length=int(hf_config.max_position_embeddings), pre_process=pre_process,
+        post_process=post_process, parallel_output=True, share_embeddings_and_output_weights=False,
+        position_embedding_type="rope", **rope_settings(hf_config),
+    )
+    if head == "value" and post_process:
+        # Named `output_layer` so the HF <-> Megatron conversion maps it to the critic's `score`.
+        model.output_layer = ValueHead(config.hidden_size, sequence_parallel=config.sequence_parallel)
+    return model.to(device=device, dtype=config.params_dtype)
+
+
+def init_model_parallel(*, tp: int, pp: int, seed: int, on_gpu: bool) -> None:
+    """Initialise megatron-core's parallel state over the default process group (idempotent)."""
+    from megatron.core import parallel_state as ps
+
+    if ps.model_parallel_is_initialized():
+        have = (ps.get_tensor_model_parallel_world_size(), ps.get_pipeline_model_parallel_world_size())
+        if have != (tp, pp):
+            raise ValueError(
+                f"megatron-core's model-parallel state of this process is tp={have[0]} pp={have[1]} but this "
+                f"engine asks for tp={tp} pp={pp}; megatron engines that share processes (colocated roles) "
+                "must use the same tp and pp"
+            )
+        return
+    ps.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp)
+    if on_gpu:
+        from megatron.core import tensor_parallel
+
+        tensor_parallel.model_parallel_cuda_manual_seed(seed)

@@ -1,0 +1,139 @@
+"""HF checkpoints in and out of a megatron-core model, one (tp rank, pp stage) at a time.
+
+Loading reads only this rank's slices from the safetensors files (`get_slice`), so a 70B model is
+never materialised whole on one rank: the Box each rank needs comes from the resharding layout
+(`Layout.box`: Megatron's tp split, pipeline stage ownership), and `hf_to_megatron` packs the slices
+into megatron-core's fused tensors. Going out, `megatron_to_hf` unpacks the local parameters into
+HF-named shards with the same boxes, which is what the resharding planner moves into vLLM.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import torch
+
+from rlframe.resharding.box import Box
+from rlframe.resharding.formats import ModelDims, hf_param_shapes, hf_to_megatron, megatron_to_hf
+from rlframe.resharding.layout import Layout
+
+VALUE_HEAD = ("score.weight", "score.bias")
+
+
+def hf_shapes(dims: ModelDims, *, head: str) -> dict[str, tuple[int, ...]]:
+    """HF parameter names -> global shapes of the model with this head (critic: `score` for lm_head)."""
+    shapes = hf_param_shapes(dims)
+    if head == "value":
+        del shapes["lm_head.weight"]
+        shapes.update({"score.weight": (1, dims.hidden_size), "score.bias": (1,)})
+    return shapes
+
+
+def rank_boxes(dims: ModelDims, *, head: str, layout: Layout, rank: int) -> dict[str, tuple[tuple[int, ...], Box]]:
+    """{HF name: (global shape, Box)} of what `rank` holds in `layout` (dp replicas hold the same)."""
+    out = {}
+    for name, shape in hf_shapes(dims, head=head).items():
+        box = layout.box(name, shape, rank, num_layers=dims.num_layers)
+        if box is not None:
+            out[name] = (shape, box)
+    return out
+
+
+def _safetensors_index(model_path: str) -> dict[str, str]:
+    """HF name -> safetensors file of a model directory (single file or sharded with an index)."""
+    index = os.path.join(model_path, "model.safetensors.index.json")
+    if os.path.isfile(index):
+        with open(index) as f:
+            return {n: os.path.join(model_path, fn) for n, fn in json.load(f)["weight_map"].items()}
+    single = os.path.join(model_path, "model.safetensors")
+    if not os.path.isfile(single):
+        raise ValueError(f"{model_path!r} has no model.safetensors(.index.json): the megatron engine loads "
+                         "safetensors checkpoints (save the model with save_pretrained(safe_serialization=True))")
+    from safetensors import safe_open
+
+    with safe_open(single, framework="pt") as f:
+        return {n: single for n in f.keys()}
+
+
+def read_hf_slices(model_path: str, boxes: dict[str, tuple[tuple[int, ...], Box]]) -> dict[str, torch.Tensor]:
+    """The boxes of the named tensors, read from the checkpoint without loading whole tensors.
+
+    Names the checkpoint lacks are left out (a critic started from a causal LM has no `score`);
+    a tensor whose shape differs from the expected global shape is an error.
+    """
+    from safetensors import safe_open
+
+    where = _safetensors_index(model_path)
+    by_file: dict[str, list[str]] = {}
+    for name in boxes:
+        if name in where:
+            by_file.setdefault(where[name], []).append(name)
+    out = {}
+    for path, names in by_file.items():
+        with safe_open(path, framework="pt") as f:
+            for name in names:
+                shape, box = boxes[name]
+                sl = f.get_slice(name)
+                if tuple(sl.get_shape()) != tuple(shape):
+                    raise ValueError(f"{path}: {name} has shape {tuple(sl.get_shape())}, the config implies {shape}")
+                out[name] = sl[box.slices()]
+    return out
+
+
+def _model_params(model) -> dict[str, torch.Tensor]:
+    return dict(model.named_parameters())
+
+
+def load_megatron_state(model, state: dict[str, torch.Tensor]) -> None:
+    """Copy megatron-named tensors into `model`'s parameters; every parameter exactly once."""
+    params = _model_params(model)
+    missing, unexpected = sorted(set(params) - set(state)), sorted(set(state) - set(params))
+    if missing or unexpected:
+        raise ValueError(f"HF -> Megatron conversion does not match the model: missing {missing[:5]}, "
+                         f"unexpected {unexpected[:5]}")
+    with torch.no_grad():
+        for name, p in params.items():
+            t = state[name]
+            if tuple(t.shape) != tuple(p.shape):
+                raise ValueError(f"{name}: converted shape {tuple(t.shape)} != the model's {tuple(p.shape)}")
+            p.copy_(t)
+
+
+def load_hf_weights(model, *, model_path: str, dims: ModelDims, head: str, layout: Layout, rank: int,
+                    seed: int) -> list[str]:
+    """Load this rank's part of the HF checkpoint into `model`; returns the HF names initialised
+    from `seed` instead (the critic's `score` when the checkpoint is a causal LM)."""
+    pp_rank = layout.coords_of(rank)[0]
+    boxes = rank_boxes(dims, head=head, layout=layout, rank=rank)
+    hf = read_hf_slices(model_path, boxes)
+    fresh = [n for n in boxes if n not in hf]
+    if any(n not in VALUE_HEAD for n in fresh):
+        raise ValueError(f"{model_path!r} lacks parameters {[n for n in fresh if n not in VALUE_HEAD][:5]}")
+    if fresh:  # identical on every rank: the head is replicated over tp and dp
+        gen = torch.Generator().manual_seed(seed)
+        bound = dims.hidden_size ** -0.5  # nn.Linear's default range
+        for n in fresh:
+            hf[n] = (torch.rand(boxes[n][0], generator=gen) * 2 - 1) * bound
+    state = hf_to_megatron(hf, dims=dims, tp=layout.tp, pp=layout.pp, pp_rank=pp_rank, spec="local", head=head)
+    load_megatron_state(model, state)
+    return fresh
+
+
+def hf_shards(model, *, dims: ModelDims, head: str, layout: Layout, rank: int) -> dict[str, tuple]:
+    """HF name -> (global shape, Box, tensor) of this rank's parameters (the engine's `local_shards`).
+
+    Fused tensors (qkv, fc1) are unpacked: q/k/v come out as copies, the rest as views.
+    """
+    pp_rank = layout.coords_of(rank)[0]
+    meg = {n: p.detach() for n, p in _model_params(model).items()}
+    hf = megatron_to_hf(meg, dims=dims, tp=layout.tp, pp=layout.pp, pp_rank=pp_rank, head=head)
+    boxes = rank_boxes(dims, head=head, layout=layout, rank=rank)
+    if hf.keys() != boxes.keys():
+        raise AssertionError(f"rank {rank}: model shards {sorted(set(hf) ^ set(boxes))[:5]} differ from the layout")
+    out = {}
+    for name, t in hf.items():
+        shape, box = boxes[name]
+        assert tuple(t.shape) == box.sizes, (name, tuple(t.shape), box)
+        out[name] = (shape, box, t.contiguous())
+    return out

@@ -1,0 +1,108 @@
+"""The megatron engine's CPU-testable half, on real megatron-core modules and gloo processes.
+
+megatron-core builds a `GPTModel` on CPU (`use_cpu_initialization`) but its layers call CUDA in
+forward, so forward/backward are tested on GPU (test_engine_gpu.py). Here: the model built from a
+HF config has exactly the parameters the HF -> Megatron conversion produces (names and per-rank
+shapes, strict), for Qwen2/Llama at tp 1/2/4 and pp 1/2; every rank's parameters, converted back to
+HF shards with their layout boxes, tile the HF checkpoint exactly; megatron-core's own parallel
+coordinates equal the resharding layout's; and the critic's value head round-trips as `score`.
+"""
+
+import pytest
+import torch
+
+pytest.importorskip("megatron.core")
+
+from rlframe.resharding.layout import Layout  # noqa: E402
+from rlframe.utils.spawn import run_distributed  # noqa: E402
+from tests.workers.engines.megatron.models import build_hf_model  # noqa: E402
+
+
+def _build_and_read_back(rank, world, tp, pp, model_path, head):
+    from megatron.core import parallel_state as ps
+    from transformers import AutoConfig
+
+    from rlframe.workers.engines.megatron.model import (
+        build_model, check_hf_config, init_model_parallel, transformer_config,
+    )
+    from rlframe.workers.engines.megatron.weights import hf_shards, load_hf_weights
+
+    init_model_parallel(tp=tp, pp=pp, seed=0, on_gpu=False)
+    hf_config = AutoConfig.from_pretrained(model_path)
+    dims = check_hf_config(hf_config, tp=tp, pp=pp, where=model_path)
+    cfg = transformer_config(hf_config, tp=tp, pp=pp, sequence_parallel=False, params_dtype=torch.float32,
+                             cpu_init=True)
+    model = build_model(hf_config, head=head, config=cfg, pre_process=ps.is_pipeline_first_stage(),
+                        post_process=ps.is_pipeline_last_stage(), device=torch.device("cpu"))
+    layout = Layout(tp=tp, dp=world // (tp * pp), pp=pp)
+    megatron_coords = (ps.get_pipeline_model_parallel_rank(), ps.get_tensor_model_parallel_rank(),
+                       ps.get_data_parallel_rank())
+    fresh = load_hf_weights(model, model_path=model_path, dims=dims, head=head, layout=layout, rank=rank, seed=3)
+    # numpy: tensors would travel back through shared memory that dies with the process
+    shards = {n: (box, t.numpy().copy()) for n, (_, box, t) in hf_shards(model, dims=dims, head=head, layout=layout,
+                                                                 rank=rank).items()}
+    return {"coords": megatron_coords, "layout_coords": layout.coords_of(rank), "fresh": fresh, "shards": shards,
+            "num_params": sum(p.numel() for p in model.parameters())}
+
+
+def _hf_state(path):
+    from safetensors.torch import load_file
+
+    return load_file(f"{path}/model.safetensors")
+
+
+@pytest.fixture(scope="module")
+def hf_models(tmp_path_factory):
+    root = tmp_path_factory.mktemp("megatron_models")
+    return {f: build_hf_model(str(root / f), f) for f in ("qwen2", "llama")}
+
+
+@pytest.mark.parametrize("family", ["qwen2", "llama"])
+@pytest.mark.parametrize("tp,pp", [(1, 1), (2, 1), (4, 1), (1, 2), (2, 2)])
+def test_hf_checkpoint_round_trips_through_megatron_modules(hf_models, family, tp, pp):
+    path = hf_models[family]
+    world = tp * pp * (2 if tp * pp == 1 else 1)  # one case with two data-parallel replicas
+    outs = run_distributed(_build_and_read_back, world_size=world, args=(tp, pp, path, "lm"))
+    full = _hf_state(path)
+    rebuilt = {n: torch.full_like(t, float("nan")) for n, t in full.items()}
+    for rank, out in enumerate(outs):
+        assert out["coords"] == out["layout_coords"], f"rank {rank}: megatron-core and the layout disagree"
+        assert out["fresh"] == []
+        for name, (box, t) in out["shards"].items():
+            t = torch.from_numpy(t)
+            assert torch.equal(t, full[name][box.slices()]), (rank, name)
+            rebuilt[name][box.slices()] = t
+    assert all(torch.equal(rebuilt[n], full[n]) for n in full), "the ranks' shards do not tile the checkpoint"
+    # tp shards add up to the model once per pipeline (dp replicas aside)
+    replicas = world // (tp * pp)
+    per_pipeline = sum(o["num_params"] for o in outs) // replicas
+    replicated = sum(t.numel() for n, t in full.items() if "norm" in n or n.endswith("o_proj.bias"))
+    assert per_pipeline == sum(t.numel() for t in full.values()) + (tp - 1) * replicated
+
+
+def test_critic_value_head_is_score(hf_models):
+    path = hf_models["qwen2"]
+    outs = run_distributed(_build_and_read_back, world_size=2, args=(2, 1, path, "value"))
+    full = _hf_state(path)
+    for out in outs:
+        assert out["fresh"] == ["score.weight", "score.bias"]  # a causal LM has no critic head yet
+        assert "lm_head.weight" not in out["shards"]
+        assert out["shards"]["score.weight"][1].shape == (1, 64)
+        assert torch.equal(torch.from_numpy(out["shards"]["model.norm.weight"][1]), full["model.norm.weight"])
+    # the fresh head is replicated over tp: the same on both ranks
+    assert (outs[0]["shards"]["score.weight"][1] == outs[1]["shards"]["score.weight"][1]).all()
+
+
+def test_layout_errors_are_clear(hf_models):
+    from transformers import AutoConfig
+
+    from rlframe.workers.engines.megatron.model import check_hf_config
+
+    cfg = AutoConfig.from_pretrained(hf_models["qwen2"])
+    with pytest.raises(ValueError, match=r"num_hidden_layers\(4\) % pp\(3\)"):
+        check_hf_config(cfg, tp=1, pp=3, where="m")
+    with pytest.raises(ValueError, match=r"num_kv_heads\(4\) % tp\(8\)"):
+        check_hf_config(cfg, tp=8, pp=1, where="m")
+    cfg.tie_word_embeddings = True
+    with pytest.raises(ValueError, match="tie_word_embeddings"):
+        check_hf_config(cfg, tp=1, pp=1, where="m")
