@@ -18,14 +18,14 @@ from rlframe.utils.spawn import run_distributed  # noqa: E402
 from tests.workers.engines.megatron.models import build_hf_model  # noqa: E402
 
 
-def _build_and_read_back(rank, world, tp, pp, model_path, head):
+def _build(rank, world, tp, pp, model_path, head):
     from megatron.core import parallel_state as ps
     from transformers import AutoConfig
 
     from rlframe.workers.engines.megatron.model import (
         build_model, check_hf_config, init_model_parallel, transformer_config,
     )
-    from rlframe.workers.engines.megatron.weights import hf_shards, load_hf_weights
+    from rlframe.workers.engines.megatron.weights import load_hf_weights
 
     init_model_parallel(tp=tp, pp=pp, seed=0, on_gpu=False)
     hf_config = AutoConfig.from_pretrained(model_path)
@@ -38,6 +38,13 @@ def _build_and_read_back(rank, world, tp, pp, model_path, head):
     megatron_coords = (ps.get_pipeline_model_parallel_rank(), ps.get_tensor_model_parallel_rank(),
                        ps.get_data_parallel_rank())
     fresh = load_hf_weights(model, model_path=model_path, dims=dims, head=head, layout=layout, rank=rank, seed=3)
+    return model, dims, layout, megatron_coords, fresh
+
+
+def _build_and_read_back(rank, world, tp, pp, model_path, head):
+    from rlframe.workers.engines.megatron.weights import hf_shards
+
+    model, dims, layout, megatron_coords, fresh = _build(rank, world, tp, pp, model_path, head)
     # numpy: tensors would travel back through shared memory that dies with the process
     shards = {n: (box, t.numpy().copy()) for n, (_, box, t) in hf_shards(model, dims=dims, head=head, layout=layout,
                                                                  rank=rank).items()}
@@ -106,3 +113,74 @@ def test_layout_errors_are_clear(hf_models):
     cfg.tie_word_embeddings = True
     with pytest.raises(ValueError, match="tie_word_embeddings"):
         check_hf_config(cfg, tp=1, pp=1, where="m")
+
+
+def _sync_to_generation_layout(rank, world, tp, pp, model_path, gen_tp):
+    """The actor's weight sync, from megatron-built shards: plan megatron (tp, pp) -> vLLM tp slices
+    (padded vocabulary), run it on gloo, and return what each generation rank received; plus the
+    full state gathered the way full_state_dict / export_hf do."""
+    from rlframe.resharding.executor import ShardAssembler, execute_plan
+    from rlframe.resharding.planner import ParamMeta, plan_reshard
+    from rlframe.workers.engines.megatron.checkpoint import gather_hf
+    from rlframe.workers.engines.megatron.weights import hf_shapes, hf_shards
+    from rlframe.workers.rollout.weight_sync import vllm_tp_box
+
+    model, dims, layout, _, _ = _build(rank, world, tp, pp, model_path, "lm")
+    shards = hf_shards(model, dims=dims, head="lm", layout=layout, rank=rank)
+    dst = Layout(tp=gen_tp, dp=world // gen_tp)
+
+    def vllm_box(name, shape, r):
+        return vllm_tp_box(name, shape, tp_rank=dst.coords_of(r)[1], tp_size=gen_tp,
+                           num_kv_heads=dims.num_kv_heads, head_dim=dims.head_dim)
+
+    metas = {n: ParamMeta(tuple(sh), torch.float32) for n, sh in hf_shapes(dims, head="lm").items()}
+    plan = plan_reshard(metas, src=layout, dst=dst, num_layers=dims.num_layers, dst_box=vllm_box)
+    got = {}
+
+    def keep(done):
+        for name, box, t in done:
+            got[name] = (box, t.numpy().copy())
+
+    boxes = {n: b for (n, r), b in plan.dst_boxes.items() if r == rank}
+    stats = execute_plan(plan, local={n: t for n, (_, _, t) in shards.items()}, consumer=ShardAssembler(boxes, keep))
+    full = gather_hf(shards, src=layout, dst=Layout(dp=world), dims=dims, head="lm", rank=rank,
+                     device=torch.device("cpu"))
+    return {"got": got, "gen_tp_rank": dst.coords_of(rank)[1], "received": stats.bytes_received,
+            "full": {n: t.numpy() for n, t in full.items()}}
+
+
+@pytest.mark.parametrize("tp,pp,gen_tp", [(2, 2, 2), (4, 1, 2), (1, 2, 4)])
+def test_megatron_weights_synced_into_generation_layout_equal_source(hf_models, tp, pp, gen_tp):
+    from rlframe.workers.rollout.weight_sync import vllm_tp_box
+
+    path = hf_models["llama"]
+    full = _hf_state(path)
+    outs = run_distributed(_sync_to_generation_layout, world_size=4, args=(tp, pp, path, gen_tp))
+    for rank, out in enumerate(outs):
+        assert out["got"].keys() == full.keys()
+        for name, (box, t) in out["got"].items():
+            expect = vllm_tp_box(name, full[name].shape, tp_rank=out["gen_tp_rank"], tp_size=gen_tp,
+                                 num_kv_heads=4, head_dim=16)
+            assert box == expect
+            # vLLM pads the vocabulary; rows past the real vocabulary are not the model's
+            real = box.intersect(type(box).full(full[name].shape))
+            assert torch.equal(torch.from_numpy(t)[real.relative_to(box).slices()], full[name][real.slices()]), name
+        # full_state_dict's gather is the checkpoint, on every rank
+        assert all(torch.equal(torch.from_numpy(out["full"][n]), full[n]) for n in full)
+
+
+def test_causal_padding_mask():
+    from rlframe.workers.engines.megatron.inputs import causal_padding_mask, megatron_inputs
+
+    am = torch.tensor([[0, 1, 1, 1, 0], [1, 1, 1, 1, 1]])
+    mask = causal_padding_mask(am)
+    assert mask.shape == (2, 1, 5, 5) and mask.dtype == torch.bool
+    for b in range(2):
+        for i in range(5):
+            for j in range(5):
+                assert bool(mask[b, 0, i, j]) == (not (j <= i and am[b, j] == 1))
+    ids = torch.arange(10).view(2, 5)
+    x = megatron_inputs({"input_ids": ids, "attention_mask": am, "position_ids": ids}, pad_token_id=0, multiple_of=4)
+    assert x.input_ids.shape == (2, 8) and x.length == 5 and x.mask.shape == (2, 1, 8, 8)
+    assert x.mask[:, 0, :, 5:].all() and x.labels[0, 3].item() == 4
+    assert x.stats == {"tokens_valid": 8, "tokens_computed": 16, "tokens_padded": 10}
