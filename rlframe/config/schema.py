@@ -76,6 +76,7 @@ class TrainRoleConfig:
     dp: int = 2
     tp: int = 1
     pp: int = 1
+    sequence_parallel: bool = False  # megatron, tp > 1
     lr: float = 1e-4
     weight_decay: float = 0.0
     grad_clip: float = 1.0

@@ -107,11 +107,17 @@ def _check_layouts(cfg: RunConfig, out: list[str]) -> None:
         if role.strategy == "megatron" and not res.use_gpu:
             out.append(f"{name}.strategy=megatron needs GPUs (megatron-core's layers call CUDA); "
                        "set resources.use_gpu=true on a GPU cluster, or use strategy=fsdp on CPU")
+        if role.strategy == "fsdp" and role.sequence_parallel:
+            out.append(f"{name}.sequence_parallel=true: only strategy=megatron has sequence parallelism")
         if role.strategy == "fsdp" and role.pp != 1:
             out.append(f"{name}.pp={role.pp}: the fsdp strategy has no pipeline parallelism; use pp=1 or strategy=megatron")
         if role.dp * role.tp * role.pp != n:
             out.append(f"{name} layout dp({role.dp}) * tp({role.tp}) * pp({role.pp}) = "
                        f"{role.dp * role.tp * role.pp} != its {n} processes; change the layout or resources")
+    megatron = {(r.tp, r.pp) for _, r in roles if r.strategy == "megatron"}
+    if res.placement == "colocated" and len(megatron) > 1:
+        out.append(f"colocated megatron roles use different (tp, pp) {sorted(megatron)}; megatron-core keeps one "
+                   "model-parallel state per process, so give actor and critic the same tp and pp (or placement=split)")
     gen_tp = cfg.rollout.tp
     if gen_tp > sizes["actor"]:
         out.append(f"rollout.tp={gen_tp} is larger than the actor group ({sizes['actor']} processes); "

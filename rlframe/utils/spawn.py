@@ -30,7 +30,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _entry(fn, rank, world_size, port, args, env, results):
+def _entry(fn, rank, world_size, port, args, env, results, backend="gloo"):
     os.environ.update(env)
     os.environ.update(
         {"RANK": str(rank), "WORLD_SIZE": str(world_size), "LOCAL_RANK": str(rank),
@@ -42,7 +42,7 @@ def _entry(fn, rank, world_size, port, args, env, results):
     # Several ranks share two cores: one intra-op thread each avoids oversubscription.
     torch.set_num_threads(int(env.get("RLFRAME_THREADS_PER_RANK", "1")))
     try:
-        dist.init_process_group("gloo", rank=rank, world_size=world_size)
+        dist.init_process_group(backend, rank=rank, world_size=world_size)
         out = fn(rank, world_size, *args)
         results.put((rank, True, out))
     except BaseException:  # report every failure, including KeyboardInterrupt in a child
@@ -59,8 +59,9 @@ def run_distributed(
     args: Sequence[Any] = (),
     timeout_s: float = 300.0,
     env: dict[str, str] | None = None,
+    backend: str = "gloo",
 ) -> list[Any]:
-    """Run `fn(rank, world_size, *args)` on `world_size` gloo ranks; return per-rank results.
+    """Run `fn(rank, world_size, *args)` on `world_size` ranks (gloo, or nccl on GPUs); return per-rank results.
 
     `fn` must be importable by name (a module-level function), since processes are spawned.
     """
@@ -68,7 +69,7 @@ def run_distributed(
     results = ctx.Queue()
     port = free_port()
     procs = [
-        ctx.Process(target=_entry, args=(fn, r, world_size, port, tuple(args), dict(env or {}), results))
+        ctx.Process(target=_entry, args=(fn, r, world_size, port, tuple(args), dict(env or {}), results, backend))
         for r in range(world_size)
     ]
     for p in procs:

@@ -18,9 +18,9 @@ from rlframe.controller.dispatch import METRICS_KEY
 from rlframe.protocol import DataProto
 from rlframe.resharding.executor import execute_plan
 from rlframe.resharding.layout import Layout
-from rlframe.resharding.planner import ParamMeta, plan_reshard
+from rlframe.resharding.planner import plan_reshard
 from rlframe.workers.common import (
-    LOSS_WEIGHTING, build_train_engine, metrics_only, prefixed, rollout_config,
+    LOSS_WEIGHTING, build_train_engine, metrics_only, prefixed, rollout_config, train_mesh,
 )
 from rlframe.workers.losses import actor_loss_fn, dpo_loss_fn, sft_loss_fn
 from rlframe.workers.rollout import SamplingConfig, build_rollout_engine
@@ -34,7 +34,7 @@ class ActorWorker(TrainedRole):
                  rollout: RolloutSection | None, max_model_len: int, total_steps: int, seed: int = 0):
         self.cfg, self.algo, self.model_path = actor, algorithm, model_path
         self.engine = build_train_engine(actor, model_path=model_path, head="lm", total_steps=total_steps, seed=seed)
-        self.set_mesh(Mesh.of(dp=actor.dp, tp=actor.tp))
+        self.set_mesh(train_mesh(actor))
         self.rollout = None
         if rollout is not None:
             self.set_mesh(Mesh.of(dp=self.world_size // rollout.tp, tp=rollout.tp), name="rollout")
@@ -46,10 +46,8 @@ class ActorWorker(TrainedRole):
 
     # ---- hybrid engine: training layout -> generation layout -----------------------------------
     def _make_reshard_plan(self, *, gen_tp: int):
-        shards = self.engine.local_shards()
         src = self.engine.resharding_layout()  # the engine asserts its shards match this layout
         dst = Layout(tp=gen_tp, dp=self.world_size // gen_tp)
-        metas = {name: ParamMeta(tuple(shape), t.dtype) for name, (shape, _, t) in shards.items()}
         hf = AutoConfig.from_pretrained(self.model_path)
         head_dim = getattr(hf, "head_dim", None) or hf.hidden_size // hf.num_attention_heads
 
@@ -57,7 +55,8 @@ class ActorWorker(TrainedRole):
             return vllm_tp_box(name, shape, tp_rank=dst.coords_of(rank)[1], tp_size=gen_tp,
                                num_kv_heads=hf.num_key_value_heads, head_dim=head_dim)
 
-        return plan_reshard(metas, src=src, dst=dst, dst_box=vllm_box)
+        return plan_reshard(self.engine.param_metas(), src=src, dst=dst, num_layers=hf.num_hidden_layers,
+                            dst_box=vllm_box)
 
     def _sync_weights(self) -> dict[str, float]:
         if not self._weights_stale:
@@ -91,6 +90,8 @@ class ActorWorker(TrainedRole):
         """Log-probs (B, R) of the responses under the current policy: `old_log_probs`."""
         out = self.engine.forward_log_probs(data, temperature=data.meta_info.get("temperature", 1.0),
                                             with_entropy=True)
+        if out is None:
+            return None  # not the last pipeline stage: the dispatcher collects from that one
         return DataProto.from_dict(tensors={"old_log_probs": out["log_probs"], "entropy": out["entropy"]})
 
     @register(dispatch=Dispatch.DP_COMPUTE)

@@ -16,13 +16,21 @@ def build_train_engine(role: TrainRoleConfig, *, model_path: str, head: str, tot
                        lr: float | None = None):
     """The training engine `role.strategy` names, with the role's layout and optimiser."""
     cfg = TrainEngineConfig(
-        model_path=model_path, head=head, dp=role.dp, tp=role.tp, lr=role.lr if lr is None else lr,
+        model_path=model_path, head=head, dp=role.dp, tp=role.tp, pp=role.pp,
+        sequence_parallel=role.sequence_parallel, lr=role.lr if lr is None else lr,
         weight_decay=role.weight_decay, grad_clip=role.grad_clip, lr_schedule=role.lr_schedule,
         warmup_steps=role.warmup_steps, total_steps=max(total_steps, role.warmup_steps + 1),
         micro_batch_size=role.micro_batch_size, max_tokens_per_micro_batch=role.max_tokens_per_micro_batch,
         seed=seed,
     )
     return get_train_engine(role.strategy)(cfg)
+
+
+def train_mesh(role: TrainRoleConfig):
+    """The training layout as the role's dispatch mesh (pp only when pipelined)."""
+    from rlframe.controller import Mesh
+
+    return Mesh.of(**({"pp": role.pp} if role.pp > 1 else {}), dp=role.dp, tp=role.tp)
 
 
 def rollout_config(section: RolloutSection, *, max_model_len: int, seed: int) -> RolloutConfig:

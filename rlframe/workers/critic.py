@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from rlframe.config.schema import TrainRoleConfig
-from rlframe.controller import Dispatch, Mesh, register
+from rlframe.controller import Dispatch, register
 from rlframe.protocol import DataProto
-from rlframe.workers.common import LOSS_WEIGHTING, build_train_engine
+from rlframe.workers.common import LOSS_WEIGHTING, build_train_engine, train_mesh
 from rlframe.workers.losses import critic_loss_fn
 from rlframe.workers.trained_role import TrainedRole
 
@@ -15,12 +15,15 @@ class CriticWorker(TrainedRole):
                  seed: int = 0):
         self.cfg, self.loss_agg_mode = critic, loss_agg_mode
         self.engine = build_train_engine(critic, model_path=model_path, head="value", total_steps=total_steps, seed=seed)
-        self.set_mesh(Mesh.of(dp=critic.dp, tp=critic.tp))
+        self.set_mesh(train_mesh(critic))
 
     @register(dispatch=Dispatch.DP_COMPUTE)
     def compute_values(self, data: DataProto) -> DataProto:
         """V(s_t) (B, R): the value of the state before each response token."""
-        return DataProto.from_dict(tensors={"values": self.engine.forward_values(data)})
+        values = self.engine.forward_values(data)
+        if values is None:
+            return None  # not the last pipeline stage: the dispatcher collects from that one
+        return DataProto.from_dict(tensors={"values": values})
 
     @register(dispatch=Dispatch.DP_COMPUTE)
     def update_critic(self, data: DataProto) -> DataProto:

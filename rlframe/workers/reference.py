@@ -3,18 +3,20 @@
 from __future__ import annotations
 
 from rlframe.config.schema import TrainRoleConfig
-from rlframe.controller import Dispatch, Mesh, Worker, register
+from rlframe.controller import Dispatch, Worker, register
 from rlframe.protocol import DataProto
-from rlframe.workers.common import build_train_engine
+from rlframe.workers.common import build_train_engine, train_mesh
 
 
 class ReferenceWorker(Worker):
     def __init__(self, *, model_path: str, layout: TrainRoleConfig, seed: int = 0):
         # Same layout as the actor; its optimizer is never stepped (lr 0 keeps AdamW state empty).
         self.engine = build_train_engine(layout, model_path=model_path, head="lm", total_steps=1, seed=seed, lr=0.0)
-        self.set_mesh(Mesh.of(dp=layout.dp, tp=layout.tp))
+        self.set_mesh(train_mesh(layout))
 
     @register(dispatch=Dispatch.DP_COMPUTE)
     def compute_ref_log_prob(self, data: DataProto) -> DataProto:
         out = self.engine.forward_log_probs(data, temperature=data.meta_info.get("temperature", 1.0))
+        if out is None:
+            return None  # not the last pipeline stage: the dispatcher collects from that one
         return DataProto.from_dict(tensors={"ref_log_prob": out["log_probs"]})

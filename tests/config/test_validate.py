@@ -71,3 +71,13 @@ def test_main_fails_fast_before_workers(override, expect):
     assert expect in proc.stderr
     assert "Started a local Ray" not in proc.stderr  # no worker (not even Ray) was started
     assert elapsed < 30, elapsed  # generous on a loaded 2-core machine; measured ~3 s when idle
+
+
+def test_colocated_megatron_roles_share_tp_and_pp():
+    msg = problems("actor.strategy=megatron", "critic.strategy=megatron", "resources.use_gpu=true",
+                   "actor.tp=2", "actor.dp=1", "critic.tp=1")
+    assert "colocated megatron roles use different (tp, pp) [(1, 1), (2, 1)]" in msg
+
+
+def test_sequence_parallel_is_megatron_only():
+    assert "actor.sequence_parallel=true: only strategy=megatron" in problems("actor.sequence_parallel=true")

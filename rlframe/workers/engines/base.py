@@ -118,6 +118,13 @@ class TrainEngine(abc.ABC):
     def local_shards(self) -> dict[str, tuple[tuple[int, ...], Box, torch.Tensor]]:
         """HF name -> (global shape, Box this rank holds, local tensor without copy)."""
 
+    def param_metas(self) -> dict:
+        """HF name -> ParamMeta(global shape, dtype) of every parameter of the model, the same on all
+        ranks (for the resharding planner). Default: from `local_shards` (every rank holds every name)."""
+        from rlframe.resharding.planner import ParamMeta
+
+        return {name: ParamMeta(tuple(shape), t.dtype) for name, (shape, _, t) in self.local_shards().items()}
+
     @abc.abstractmethod
     def layout(self) -> dict[str, Any]:
         """The parallel layout and this rank's coordinates in it (for the resharding planner)."""

@@ -34,7 +34,7 @@ from rlframe.workers.engines.megatron.inputs import MegatronInputs, megatron_inp
 from rlframe.workers.engines.megatron.model import (
     build_model, check_hf_config, init_model_parallel, transformer_config,
 )
-from rlframe.workers.engines.megatron.weights import hf_shards, load_hf_weights
+from rlframe.workers.engines.megatron.weights import hf_shapes, hf_shards, load_hf_weights
 from rlframe.workers.engines.micro_batch import MicroBatch, plan_micro_batches, restore_order
 from rlframe.workers.engines.modeling import load_config
 from rlframe.workers.engines.optim import lr_lambda
@@ -255,6 +255,12 @@ class MegatronTrainEngine(TrainEngine):
     # ---- layout, checkpoints, export -------------------------------------------------------
     def local_shards(self):
         return hf_shards(self.model.module, dims=self.dims, head=self.config.head, layout=self.layout_, rank=self.rank)
+
+    def param_metas(self) -> dict:
+        """Every parameter (pipeline stages hold only theirs, so `local_shards` would not list all)."""
+        from rlframe.resharding.planner import ParamMeta
+
+        return {n: ParamMeta(tuple(s), self.params_dtype) for n, s in hf_shapes(self.dims, head=self.config.head).items()}
 
     def layout(self) -> dict[str, Any]:
         pp, tp, dp = self.layout_.coords_of(self.rank)
