@@ -246,7 +246,9 @@ class MegatronTrainEngine(TrainEngine):
         lr = cfg.lr * lr_lambda(self.steps, schedule=cfg.lr_schedule, warmup_steps=cfg.warmup_steps,
                                 total_steps=cfg.total_steps, min_lr_ratio=cfg.min_lr_ratio)
         for group in self.optimizer.param_groups:
-            group["lr"] = lr
+            # megatron-core's groups carry multipliers: wd_mult=0 for biases and norms (no decay)
+            group["lr"] = lr * group.get("lr_mult", 1.0)
+            group["weight_decay"] = cfg.weight_decay * group.get("wd_mult", 1.0)
 
     @property
     def lr(self) -> float:

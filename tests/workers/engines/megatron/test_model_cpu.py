@@ -184,3 +184,18 @@ def test_causal_padding_mask():
     assert x.input_ids.shape == (2, 8) and x.length == 5 and x.mask.shape == (2, 1, 8, 8)
     assert x.mask[:, 0, :, 5:].all() and x.labels[0, 3].item() == 4
     assert x.stats == {"tokens_valid": 8, "tokens_computed": 16, "tokens_padded": 10}
+
+
+def _construct_engine(rank, world, model_path):
+    from rlframe.workers.engines import TrainEngineConfig, get_train_engine
+
+    try:
+        get_train_engine("megatron")(TrainEngineConfig(model_path=model_path))
+    except ValueError as e:
+        return str(e)
+    return "constructed"
+
+
+def test_engine_without_cuda_says_so(hf_models):
+    msg = run_distributed(_construct_engine, world_size=1, args=(hf_models["qwen2"],))[0]
+    assert "the megatron engine needs CUDA GPUs" in msg and "strategy=fsdp" in msg
