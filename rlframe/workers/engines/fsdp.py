@@ -24,8 +24,8 @@ import torch.distributed as dist
 
 from rlframe.workers.engines import checkpoint as ckpt
 from rlframe.workers.engines.accumulate import MetricSums, check_scalar_loss, micro_batch_weights
-from rlframe.workers.engines.base import TrainEngine, TrainEngineConfig, require_keys
-from rlframe.workers.engines.micro_batch import MicroBatch, plan_micro_batches, restore_order
+from rlframe.workers.engines.base import BatchedForward, TrainEngine, TrainEngineConfig, require_keys
+from rlframe.workers.engines.micro_batch import restore_order
 from rlframe.workers.engines.modeling import load_config, load_model, resolve_attn_implementation
 from rlframe.workers.engines.optim import (
     build_optimizer, build_scheduler, global_grad_norm, scale_grads_,
@@ -43,7 +43,7 @@ _FORWARD_KEYS = ("input_ids", "attention_mask", "position_ids", "responses")
 warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module .* returned a view tensor")
 
 
-class FSDPTrainEngine(TrainEngine):
+class FSDPTrainEngine(BatchedForward, TrainEngine):
     """See the module docstring. `device_mesh` (dims ("dp", "tp")) overrides the default mesh
     over all ranks, e.g. to run several independent engines in one process group."""
 
@@ -119,37 +119,15 @@ class FSDPTrainEngine(TrainEngine):
             outputs["entropy"] = response_slice(inputs.unpack(entropy.view(rows_shape)), resp_len)
         return outputs, stats
 
-    def _plan(self, batch_or_list, *, micro_batch_size=None, max_tokens=None) -> list[MicroBatch]:
-        """Micro-batches on the engine's device; explicit sizes override the config's."""
-        if micro_batch_size is None and max_tokens is None:
-            micro_batch_size, max_tokens = self.config.micro_batch_size, self.config.max_tokens_per_micro_batch
-        mbs = plan_micro_batches(batch_or_list, micro_batch_size=micro_batch_size, max_tokens=max_tokens,
-                                 dp_group=self.dp_group)
-        for mb in mbs:
-            mb.data = {k: v.to(self.device) for k, v in mb.data.items()}
-        return mbs
 
     @torch.no_grad()
-    def _forward_batch(self, batch, *, temperature: float, with_entropy: bool, **sizes) -> dict[str, torch.Tensor]:
-        mbs = self._plan(batch, **sizes)
+    def _forward_batch(self, batch, *, temperature: float, with_entropy: bool, micro_batch_size=None,
+                       max_tokens=None) -> dict[str, torch.Tensor]:
+        mbs = self._plan(batch, micro_batch_size=micro_batch_size, max_tokens=max_tokens)
         per_mb = [self._forward(mb.data, temperature=temperature, with_entropy=with_entropy)[0] for mb in mbs]
         # Without a backward, FSDP2 leaves the root's parameters unsharded after forward.
         self.model.reshard()
         return {k: restore_order([o[k] for o in per_mb], mbs).float().cpu() for k in per_mb[0]}
-
-    def forward_log_probs(self, batch, *, temperature: float = 1.0, with_entropy: bool = False,
-                          micro_batch_size: int | None = None, max_tokens_per_micro_batch: int | None = None):
-        if self.config.head != "lm":
-            raise ValueError("forward_log_probs needs an engine with head='lm' (this one is a critic)")
-        return self._forward_batch(batch, temperature=temperature, with_entropy=with_entropy,
-                                   micro_batch_size=micro_batch_size, max_tokens=max_tokens_per_micro_batch)
-
-    def forward_values(self, batch, *, micro_batch_size: int | None = None,
-                       max_tokens_per_micro_batch: int | None = None) -> torch.Tensor:
-        if self.config.head != "value":
-            raise ValueError("forward_values needs an engine with head='value' (a critic)")
-        return self._forward_batch(batch, temperature=1.0, with_entropy=False, micro_batch_size=micro_batch_size,
-                                   max_tokens=max_tokens_per_micro_batch)["values"]
 
     # ---- training ------------------------------------------------------------------------
     def train_step(self, loss_fn, micro_batches, *, temperature: float = 1.0,

@@ -28,23 +28,22 @@ import torch.distributed as dist
 
 from rlframe.resharding.layout import Layout
 from rlframe.workers.engines.accumulate import MetricSums, check_scalar_loss, micro_batch_weights
-from rlframe.workers.engines.base import TrainEngine, TrainEngineConfig, require_keys
+from rlframe.workers.engines.base import BatchedForward, TrainEngine, TrainEngineConfig
 from rlframe.workers.engines.megatron import checkpoint as mckpt
 from rlframe.workers.engines.megatron.inputs import MegatronInputs, megatron_inputs
 from rlframe.workers.engines.megatron.model import (
     build_model, check_hf_config, init_model_parallel, transformer_config,
 )
 from rlframe.workers.engines.megatron.weights import hf_shapes, hf_shards, load_hf_weights
-from rlframe.workers.engines.micro_batch import MicroBatch, plan_micro_batches, restore_order
+from rlframe.workers.engines.micro_batch import MicroBatch, restore_order
 from rlframe.workers.engines.modeling import load_config
 from rlframe.workers.engines.optim import lr_lambda
 from rlframe.workers.engines.packing import response_slice
 from rlframe.workers.engines.vocab_parallel import vocab_parallel_log_probs
 
-_FORWARD_KEYS = ("input_ids", "attention_mask", "position_ids", "responses")
 
 
-class MegatronTrainEngine(TrainEngine):
+class MegatronTrainEngine(BatchedForward, TrainEngine):
     """See the module docstring."""
 
     def __init__(self, config: TrainEngineConfig):
@@ -112,15 +111,6 @@ class MegatronTrainEngine(TrainEngine):
         return ddp, optimizer
 
     # ---- schedule --------------------------------------------------------------------------
-    def _plan(self, batch_or_list, *, micro_batch_size=None, max_tokens=None) -> list[MicroBatch]:
-        if micro_batch_size is None and max_tokens is None:
-            micro_batch_size, max_tokens = self.config.micro_batch_size, self.config.max_tokens_per_micro_batch
-        mbs = plan_micro_batches(batch_or_list, micro_batch_size=micro_batch_size, max_tokens=max_tokens,
-                                 dp_group=self.dp_group)
-        for mb in mbs:
-            require_keys(mb.data, _FORWARD_KEYS, what="the engine's forward")
-            mb.data = {k: v.to(self.device) for k, v in mb.data.items()}
-        return mbs
 
     def _run_schedule(self, mbs: list[MicroBatch], on_output, *, forward_only: bool):
         """megatron's schedule over `mbs`; `on_output(mb, inputs, output)` -> (loss, dict) on the last stage."""
@@ -161,8 +151,9 @@ class MegatronTrainEngine(TrainEngine):
 
     # ---- forward ---------------------------------------------------------------------------
     @torch.no_grad()
-    def _forward_batch(self, batch, *, temperature: float, with_entropy: bool, **sizes):
-        mbs = self._plan(batch, **sizes)
+    def _forward_batch(self, batch, *, temperature: float, with_entropy: bool, micro_batch_size=None,
+                       max_tokens=None):
+        mbs = self._plan(batch, micro_batch_size=micro_batch_size, max_tokens=max_tokens)
         per_mb: dict[int, dict[str, torch.Tensor]] = {}
 
         def collect(mb, x, output):
@@ -179,21 +170,6 @@ class MegatronTrainEngine(TrainEngine):
             return None  # the dispatcher collects from the last pipeline stage
         outs = [per_mb[id(mb)] for mb in mbs]
         return {k: restore_order([o[k] for o in outs], mbs).float().cpu() for k in outs[0]}
-
-    def forward_log_probs(self, batch, *, temperature: float = 1.0, with_entropy: bool = False,
-                          micro_batch_size: int | None = None, max_tokens_per_micro_batch: int | None = None):
-        if self.config.head != "lm":
-            raise ValueError("forward_log_probs needs an engine with head='lm' (this one is a critic)")
-        return self._forward_batch(batch, temperature=temperature, with_entropy=with_entropy,
-                                   micro_batch_size=micro_batch_size, max_tokens=max_tokens_per_micro_batch)
-
-    def forward_values(self, batch, *, micro_batch_size: int | None = None,
-                       max_tokens_per_micro_batch: int | None = None):
-        if self.config.head != "value":
-            raise ValueError("forward_values needs an engine with head='value' (a critic)")
-        out = self._forward_batch(batch, temperature=1.0, with_entropy=False, micro_batch_size=micro_batch_size,
-                                  max_tokens=max_tokens_per_micro_batch)
-        return None if out is None else out["values"]
 
     # ---- training --------------------------------------------------------------------------
     def train_step(self, loss_fn, micro_batches, *, temperature: float = 1.0,

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from rlframe.workers.engines.base import require_keys
 from rlframe.workers.engines.packing import next_token_labels
 
 
@@ -36,6 +37,7 @@ def causal_padding_mask(attention_mask: torch.Tensor) -> torch.Tensor:
 
 
 def megatron_inputs(data: dict[str, torch.Tensor], *, pad_token_id: int, multiple_of: int = 1) -> MegatronInputs:
+    require_keys(data, ("input_ids", "attention_mask", "position_ids", "responses"), what="the engine's forward")
     ids, am, pos = data["input_ids"], data["attention_mask"], data["position_ids"]
     b, t = ids.shape
     extra = (-t) % multiple_of
