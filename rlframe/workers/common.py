@@ -13,7 +13,7 @@ LOSS_WEIGHTING = {"token-mean": "tokens", "seq-mean-token-sum": "samples", "seq-
 
 
 def build_train_engine(role: TrainRoleConfig, *, model_path: str, head: str, total_steps: int, seed: int,
-                       lr: float | None = None):
+                       lr: float | None = None, frozen: bool = False):
     """The training engine `role.strategy` names, with the role's layout and optimiser."""
     cfg = TrainEngineConfig(
         model_path=model_path, head=head, dp=role.dp, tp=role.tp, pp=role.pp,
@@ -21,7 +21,7 @@ def build_train_engine(role: TrainRoleConfig, *, model_path: str, head: str, tot
         weight_decay=role.weight_decay, grad_clip=role.grad_clip, lr_schedule=role.lr_schedule,
         warmup_steps=role.warmup_steps, total_steps=max(total_steps, role.warmup_steps + 1),
         micro_batch_size=role.micro_batch_size, max_tokens_per_micro_batch=role.max_tokens_per_micro_batch,
-        seed=seed,
+        seed=seed, frozen=frozen,
     )
     return get_train_engine(role.strategy)(cfg)
 

@@ -10,8 +10,9 @@ from rlframe.workers.common import build_train_engine, train_mesh
 
 class ReferenceWorker(Worker):
     def __init__(self, *, model_path: str, layout: TrainRoleConfig, seed: int = 0):
-        # Same layout as the actor; its optimizer is never stepped (lr 0 keeps AdamW state empty).
-        self.engine = build_train_engine(layout, model_path=model_path, head="lm", total_steps=1, seed=seed, lr=0.0)
+        # Same layout as the actor, forward only (no gradient buffers or optimizer state).
+        self.engine = build_train_engine(layout, model_path=model_path, head="lm", total_steps=1, seed=seed, lr=0.0,
+                                         frozen=True)
         self.set_mesh(train_mesh(layout))
 
     @register(dispatch=Dispatch.DP_COMPUTE)

@@ -43,6 +43,8 @@ class TrainEngineConfig:
         a whole batch when not given a list of micro-batches (token budget counts valid tokens).
     remove_padding: pack the valid tokens of a micro-batch into as few rows as possible (fsdp).
     attn_implementation: "auto" = flash_attention_2 on GPU when flash-attn is installed, else sdpa.
+    frozen: forward only (a reference policy): backends may skip gradient buffers and optimizer
+        state, and `train_step` refuses to run.
     """
 
     model_path: str
@@ -66,6 +68,7 @@ class TrainEngineConfig:
     mixed_precision: bool | None = None
     attn_implementation: str = "auto"
     seed: int = 0
+    frozen: bool = False
 
     def __post_init__(self):
         if self.head not in HEADS:
@@ -149,6 +152,12 @@ class TrainEngine(abc.ABC):
     @abc.abstractmethod
     def lr(self) -> float:
         """The learning rate the next optimizer step uses."""
+
+
+def check_trainable(config: TrainEngineConfig) -> None:
+    if config.frozen:
+        raise ValueError("train_step on a frozen engine (a reference policy has no optimizer); "
+                         "build it with frozen=False to train")
 
 
 class BatchedForward:

@@ -24,7 +24,7 @@ import torch.distributed as dist
 
 from rlframe.workers.engines import checkpoint as ckpt
 from rlframe.workers.engines.accumulate import MetricSums, check_scalar_loss, micro_batch_weights
-from rlframe.workers.engines.base import BatchedForward, TrainEngine, TrainEngineConfig, require_keys
+from rlframe.workers.engines.base import BatchedForward, TrainEngine, TrainEngineConfig, check_trainable, require_keys
 from rlframe.workers.engines.micro_batch import restore_order
 from rlframe.workers.engines.modeling import load_config, load_model, resolve_attn_implementation
 from rlframe.workers.engines.optim import (
@@ -132,6 +132,7 @@ class FSDPTrainEngine(BatchedForward, TrainEngine):
     # ---- training ------------------------------------------------------------------------
     def train_step(self, loss_fn, micro_batches, *, temperature: float = 1.0,
                    loss_weighting: str = "tokens", with_entropy: bool = False) -> dict[str, float]:
+        check_trainable(self.config)
         mbs = self._plan(micro_batches)
         weights = micro_batch_weights(mbs, loss_weighting, dp=self.config.dp, dp_group=self.dp_group,
                                       device=self.device)

@@ -47,3 +47,20 @@ def test_batches_as_dicts_or_objects_with_a_batch_attribute():
     assert as_tensor_dict(Proto()) == {"input_ids": 1}
     with pytest.raises(ValueError, match="dict of tensors or have a `.batch` TensorDict"):
         as_tensor_dict([1, 2])
+
+
+def test_frozen_engine_refuses_to_train():
+    from rlframe.workers.engines.base import check_trainable
+
+    check_trainable(TrainEngineConfig(model_path="m"))
+    with pytest.raises(ValueError, match="train_step on a frozen engine"):
+        check_trainable(TrainEngineConfig(model_path="m", frozen=True))
+
+
+def test_attention_falls_back_to_sdpa_without_gpu_or_flash_attn():
+    from rlframe.workers.engines.modeling import resolve_attn_implementation
+
+    assert resolve_attn_implementation("auto", on_gpu=False) == "sdpa"
+    assert resolve_attn_implementation("eager", on_gpu=False) == "eager"
+    with pytest.raises(ValueError, match="needs a GPU and the flash-attn package"):
+        resolve_attn_implementation("flash_attention_2", on_gpu=False)

@@ -41,7 +41,7 @@ def save_checkpoint(engine, path: str) -> None:
         sub = _rank_dir(engine, tmp)
         if _is_dp_zero(engine):
             os.makedirs(sub, exist_ok=True)
-            torch.save(engine.model.module.state_dict(), os.path.join(sub, "model.pt"))
+            torch.save(engine.module.state_dict(), os.path.join(sub, "model.pt"))
             torch.save(engine.optimizer.state_dict(), os.path.join(sub, "optimizer.pt"))
         dist.barrier()
         engine.optimizer.save_parameter_state(os.path.join(sub, "param_state.pt"))  # collective over dp
@@ -58,7 +58,7 @@ def load_checkpoint(engine, path: str) -> None:
                          f"pp={saved.get('pp', 1)}; this megatron engine is tp={engine.config.tp} pp={engine.config.pp}. "
                          "Resume with the same backend, tp and pp, or start from an exported HF checkpoint")
     sub = _rank_dir(engine, path)
-    engine.model.module.load_state_dict(torch.load(os.path.join(sub, "model.pt"), map_location=engine.device))
+    engine.module.load_state_dict(torch.load(os.path.join(sub, "model.pt"), map_location=engine.device))
     engine.optimizer.load_state_dict(torch.load(os.path.join(sub, "optimizer.pt"), map_location=engine.device,
                                                 weights_only=False))
     engine.optimizer.load_parameter_state(os.path.join(sub, "param_state.pt"))

@@ -28,7 +28,7 @@ import torch.distributed as dist
 
 from rlframe.resharding.layout import Layout
 from rlframe.workers.engines.accumulate import MetricSums, check_scalar_loss, micro_batch_weights
-from rlframe.workers.engines.base import BatchedForward, TrainEngine, TrainEngineConfig
+from rlframe.workers.engines.base import BatchedForward, TrainEngine, TrainEngineConfig, check_trainable
 from rlframe.workers.engines.megatron import checkpoint as mckpt
 from rlframe.workers.engines.megatron.inputs import MegatronInputs, megatron_inputs
 from rlframe.workers.engines.megatron.model import (
@@ -40,7 +40,6 @@ from rlframe.workers.engines.modeling import load_config
 from rlframe.workers.engines.optim import lr_lambda
 from rlframe.workers.engines.packing import response_slice
 from rlframe.workers.engines.vocab_parallel import vocab_parallel_log_probs
-
 
 
 class MegatronTrainEngine(BatchedForward, TrainEngine):
@@ -70,7 +69,13 @@ class MegatronTrainEngine(BatchedForward, TrainEngine):
         self.model, self.optimizer = self._build()
         self.pad_token_id = int(self.hf_config.pad_token_id or 0)
         self.steps = 0
-        self._set_lr()
+        if self.optimizer is not None:
+            self._set_lr()
+
+    @property
+    def module(self):
+        """The GPTModel (inside DDP when the engine trains)."""
+        return self.model if self.config.frozen else self.model.module
 
     # ---- construction ----------------------------------------------------------------------
     def _check_coords(self) -> None:
@@ -97,6 +102,9 @@ class MegatronTrainEngine(BatchedForward, TrainEngine):
                             post_process=self.is_last_stage, device=self.device)
         load_hf_weights(model, model_path=cfg.model_path, dims=self.dims, head=cfg.head, layout=self.layout_,
                         rank=self.rank, seed=cfg.seed)
+        if cfg.frozen:  # forward only: no gradient buffers, no optimizer state
+            model.requires_grad_(False)
+            return model, None
         ddp = DistributedDataParallel(tcfg, DistributedDataParallelConfig(
             grad_reduce_in_fp32=True, use_distributed_optimizer=True, overlap_grad_reduce=False), model)
         optimizer = get_megatron_optimizer(OptimizerConfig(
@@ -111,7 +119,6 @@ class MegatronTrainEngine(BatchedForward, TrainEngine):
         return ddp, optimizer
 
     # ---- schedule --------------------------------------------------------------------------
-
     def _run_schedule(self, mbs: list[MicroBatch], on_output, *, forward_only: bool):
         """megatron's schedule over `mbs`; `on_output(mb, inputs, output)` -> (loss, dict) on the last stage."""
         from megatron.core.pipeline_parallel import get_forward_backward_func
@@ -174,6 +181,7 @@ class MegatronTrainEngine(BatchedForward, TrainEngine):
     # ---- training --------------------------------------------------------------------------
     def train_step(self, loss_fn, micro_batches, *, temperature: float = 1.0,
                    loss_weighting: str = "tokens", with_entropy: bool = False) -> dict[str, float]:
+        check_trainable(self.config)
         mbs = self._plan(micro_batches)
         weights = {id(mb): w for mb, w in zip(mbs, micro_batch_weights(
             mbs, loss_weighting, dp=self.config.dp, dp_group=self.dp_group, device=self.device))}
@@ -228,11 +236,11 @@ class MegatronTrainEngine(BatchedForward, TrainEngine):
 
     @property
     def lr(self) -> float:
-        return float(self.optimizer.param_groups[0]["lr"])
+        return 0.0 if self.optimizer is None else float(self.optimizer.param_groups[0]["lr"])
 
     # ---- layout, checkpoints, export -------------------------------------------------------
     def local_shards(self):
-        return hf_shards(self.model.module, dims=self.dims, head=self.config.head, layout=self.layout_, rank=self.rank)
+        return hf_shards(self.module, dims=self.dims, head=self.config.head, layout=self.layout_, rank=self.rank)
 
     def param_metas(self) -> dict:
         """Every parameter (pipeline stages hold only theirs, so `local_shards` would not list all)."""

@@ -180,7 +180,8 @@ def test_causal_padding_mask():
             for j in range(5):
                 assert bool(mask[b, 0, i, j]) == (not (j <= i and am[b, j] == 1))
     ids = torch.arange(10).view(2, 5)
-    x = megatron_inputs({"input_ids": ids, "attention_mask": am, "position_ids": ids}, pad_token_id=0, multiple_of=4)
+    x = megatron_inputs({"input_ids": ids, "attention_mask": am, "position_ids": ids, "responses": ids[:, 3:]},
+                        pad_token_id=0, multiple_of=4)
     assert x.input_ids.shape == (2, 8) and x.length == 5 and x.mask.shape == (2, 1, 8, 8)
     assert x.mask[:, 0, :, 5:].all() and x.labels[0, 3].item() == 4
     assert x.stats == {"tokens_valid": 8, "tokens_computed": 16, "tokens_padded": 10}
