@@ -119,7 +119,6 @@ class FSDPTrainEngine(BatchedForward, TrainEngine):
             outputs["entropy"] = response_slice(inputs.unpack(entropy.view(rows_shape)), resp_len)
         return outputs, stats
 
-
     @torch.no_grad()
     def _forward_batch(self, batch, *, temperature: float, with_entropy: bool, micro_batch_size=None,
                        max_tokens=None) -> dict[str, torch.Tensor]:
