@@ -35,7 +35,7 @@ from rlframe.workers.engines.parallelize import (
     apply_fsdp, apply_tensor_parallel, build_mesh, check_mesh, check_model_fits, decoder_layers,
 )
 from rlframe.workers.engines.shards import local_shards
-from rlframe.workers.engines.vocab_parallel import vocab_parallel_log_probs
+from rlframe.workers.engines.vocab_parallel import token_log_probs
 
 _FORWARD_KEYS = ("input_ids", "attention_mask", "position_ids", "responses")
 # The HF output's logits are views; the engine never modifies them in place, which is the case
@@ -104,20 +104,10 @@ class FSDPTrainEngine(BatchedForward, TrainEngine):
         if self.config.head == "value":
             values = out.logits.squeeze(-1).float()  # (rows, C)
             return {"values": response_slice(inputs.unpack(values), resp_len)}, stats
-        logits = out.logits  # (rows, C, V / tp): this rank's vocab slice
-        if temperature != 1.0:
-            logits = logits / temperature
-        v_local = logits.shape[-1]
-        log_prob, entropy = vocab_parallel_log_probs(
-            logits.reshape(-1, v_local), inputs.labels.reshape(-1),
-            vocab_start=self.mesh.get_local_rank("tp") * v_local,
-            group=self.tp_group if self.config.tp > 1 else None, with_entropy=with_entropy,
-        )
-        rows_shape = inputs.input_ids.shape
-        outputs = {"log_probs": response_slice(inputs.unpack(log_prob.view(rows_shape)), resp_len)}
-        if with_entropy:
-            outputs["entropy"] = response_slice(inputs.unpack(entropy.view(rows_shape)), resp_len)
-        return outputs, stats
+        per_token = token_log_probs(  # out.logits: (rows, C, V / tp), this rank's vocab slice
+            out.logits, inputs.labels, temperature=temperature, tp_rank=self.mesh.get_local_rank("tp"),
+            group=self.tp_group if self.config.tp > 1 else None, with_entropy=with_entropy)
+        return {k: response_slice(inputs.unpack(v), resp_len) for k, v in per_token.items()}, stats
 
     @torch.no_grad()
     def _forward_batch(self, batch, *, temperature: float, with_entropy: bool, micro_batch_size=None,

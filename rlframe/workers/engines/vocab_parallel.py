@@ -62,6 +62,21 @@ class _VocabParallelLogProb(torch.autograd.Function):
         return grad.to(ctx.logits_dtype), None, None, None, None
 
 
+def token_log_probs(logits: torch.Tensor, labels: torch.Tensor, *, temperature: float, tp_rank: int, group=None,
+                    with_entropy: bool = False) -> dict[str, torch.Tensor]:
+    """{"log_probs"[, "entropy"]} shaped like `labels` (..., C) from this tp rank's logits (..., C, V/tp),
+    which are divided by `temperature` first (the sampling temperature of the rollout)."""
+    if temperature != 1.0:
+        logits = logits / temperature
+    v_local = logits.shape[-1]
+    log_prob, entropy = vocab_parallel_log_probs(logits.reshape(-1, v_local), labels.reshape(-1),
+                                                 vocab_start=tp_rank * v_local, group=group, with_entropy=with_entropy)
+    out = {"log_probs": log_prob.view(labels.shape)}
+    if with_entropy:
+        out["entropy"] = entropy.view(labels.shape)
+    return out
+
+
 def vocab_parallel_log_probs(
     logits: torch.Tensor, labels: torch.Tensor, *, vocab_start: int, group=None, with_entropy: bool = False
 ) -> tuple[torch.Tensor, torch.Tensor | None]:

@@ -22,9 +22,9 @@ import torch.distributed as dist
 
 from rlframe.resharding.executor import ShardAssembler, execute_plan
 from rlframe.resharding.layout import Layout
-from rlframe.resharding.planner import ParamMeta, plan_reshard
+from rlframe.resharding.planner import plan_reshard
 from rlframe.workers.engines import checkpoint as ckpt
-from rlframe.workers.engines.megatron.weights import hf_shapes
+from rlframe.workers.engines.megatron.weights import hf_param_metas
 
 
 def _rank_dir(engine, root: str) -> str:
@@ -68,8 +68,7 @@ def load_checkpoint(engine, path: str) -> None:
 def gather_hf(shards, *, src: Layout, dst: Layout, dims, head: str, rank: int, device) -> dict[str, torch.Tensor]:
     """Whole HF-named tensors (on CPU) on the ranks of `dst` (a tp=pp=1 layout), moved by the
     resharding planner from this rank's `shards` ({name: (shape, box, tensor)}) in layout `src`."""
-    dtype = next(iter(shards.values()))[2].dtype
-    metas = {n: ParamMeta(tuple(s), dtype) for n, s in hf_shapes(dims, head=head).items()}
+    metas = hf_param_metas(dims, head=head, dtype=next(iter(shards.values()))[2].dtype)
     plan = plan_reshard(metas, src=src, dst=dst, num_layers=dims.num_layers)
     full: dict[str, torch.Tensor] = {}
 

@@ -34,12 +34,12 @@ from rlframe.workers.engines.megatron.inputs import MegatronInputs, megatron_inp
 from rlframe.workers.engines.megatron.model import (
     build_model, check_hf_config, init_model_parallel, transformer_config,
 )
-from rlframe.workers.engines.megatron.weights import hf_shapes, hf_shards, load_hf_weights
+from rlframe.workers.engines.megatron.weights import hf_param_metas, hf_shards, load_hf_weights
 from rlframe.workers.engines.micro_batch import MicroBatch, restore_order
 from rlframe.workers.engines.modeling import load_config
 from rlframe.workers.engines.optim import lr_lambda
 from rlframe.workers.engines.packing import response_slice
-from rlframe.workers.engines.vocab_parallel import vocab_parallel_log_probs
+from rlframe.workers.engines.vocab_parallel import token_log_probs
 
 
 class MegatronTrainEngine(BatchedForward, TrainEngine):
@@ -144,17 +144,9 @@ class MegatronTrainEngine(BatchedForward, TrainEngine):
         t = x.length
         if self.config.head == "value":
             return {"values": response_slice(output[:, :t, 0].float(), resp_len)}
-        logits = output[:, :t] if temperature == 1.0 else output[:, :t] / temperature
-        v_local = logits.shape[-1]
-        log_prob, entropy = vocab_parallel_log_probs(
-            logits.reshape(-1, v_local), x.labels[:, :t].reshape(-1), vocab_start=self.tp_rank * v_local,
-            group=self.tp_group if self.config.tp > 1 else None, with_entropy=with_entropy,
-        )
-        shape = (logits.shape[0], t)
-        out = {"log_probs": response_slice(log_prob.view(shape), resp_len)}
-        if with_entropy:
-            out["entropy"] = response_slice(entropy.view(shape), resp_len)
-        return out
+        per_token = token_log_probs(output[:, :t], x.labels[:, :t], temperature=temperature, tp_rank=self.tp_rank,
+                                    group=self.tp_group if self.config.tp > 1 else None, with_entropy=with_entropy)
+        return {k: response_slice(v, resp_len) for k, v in per_token.items()}
 
     # ---- forward ---------------------------------------------------------------------------
     @torch.no_grad()
@@ -244,9 +236,7 @@ class MegatronTrainEngine(BatchedForward, TrainEngine):
 
     def param_metas(self) -> dict:
         """Every parameter (pipeline stages hold only theirs, so `local_shards` would not list all)."""
-        from rlframe.resharding.planner import ParamMeta
-
-        return {n: ParamMeta(tuple(s), self.params_dtype) for n, s in hf_shapes(self.dims, head=self.config.head).items()}
+        return hf_param_metas(self.dims, head=self.config.head, dtype=self.params_dtype)
 
     def layout(self) -> dict[str, Any]:
         pp, tp, dp = self.layout_.coords_of(self.rank)

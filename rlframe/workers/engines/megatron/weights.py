@@ -30,6 +30,13 @@ def hf_shapes(dims: ModelDims, *, head: str) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
+def hf_param_metas(dims: ModelDims, *, head: str, dtype: torch.dtype) -> dict:
+    """HF name -> ParamMeta of every parameter (the resharding planner's input, the same on all ranks)."""
+    from rlframe.resharding.planner import ParamMeta
+
+    return {n: ParamMeta(tuple(s), dtype) for n, s in hf_shapes(dims, head=head).items()}
+
+
 def rank_boxes(dims: ModelDims, *, head: str, layout: Layout, rank: int) -> dict[str, tuple[tuple[int, ...], Box]]:
     """{HF name: (global shape, Box)} of what `rank` holds in `layout` (dp replicas hold the same)."""
     out = {}

@@ -120,9 +120,9 @@ def _sync_to_generation_layout(rank, world, tp, pp, model_path, gen_tp):
     (padded vocabulary), run it on gloo, and return what each generation rank received; plus the
     full state gathered the way full_state_dict / export_hf do."""
     from rlframe.resharding.executor import ShardAssembler, execute_plan
-    from rlframe.resharding.planner import ParamMeta, plan_reshard
+    from rlframe.resharding.planner import plan_reshard
     from rlframe.workers.engines.megatron.checkpoint import gather_hf
-    from rlframe.workers.engines.megatron.weights import hf_shapes, hf_shards
+    from rlframe.workers.engines.megatron.weights import hf_param_metas, hf_shards
     from rlframe.workers.rollout.weight_sync import vllm_tp_box
 
     model, dims, layout, _, _ = _build(rank, world, tp, pp, model_path, "lm")
@@ -133,8 +133,7 @@ def _sync_to_generation_layout(rank, world, tp, pp, model_path, gen_tp):
         return vllm_tp_box(name, shape, tp_rank=dst.coords_of(r)[1], tp_size=gen_tp,
                            num_kv_heads=dims.num_kv_heads, head_dim=dims.head_dim)
 
-    metas = {n: ParamMeta(tuple(sh), torch.float32) for n, sh in hf_shapes(dims, head="lm").items()}
-    plan = plan_reshard(metas, src=layout, dst=dst, num_layers=dims.num_layers, dst_box=vllm_box)
+    plan = plan_reshard(hf_param_metas(dims, head="lm", dtype=torch.float32), src=layout, dst=dst, num_layers=dims.num_layers, dst_box=vllm_box)
     got = {}
 
     def keep(done):
