@@ -104,9 +104,6 @@ def _check_layouts(cfg: RunConfig, out: list[str]) -> None:
         n = sizes[name]
         if role.strategy not in ("fsdp", "megatron"):
             out.append(f"{name}.strategy={role.strategy!r}: use 'fsdp' or 'megatron'")
-        if role.strategy == "megatron" and not res.use_gpu:
-            out.append(f"{name}.strategy=megatron needs GPUs (megatron-core's layers call CUDA); "
-                       "set resources.use_gpu=true on a GPU cluster, or use strategy=fsdp on CPU")
         if role.strategy == "fsdp" and role.sequence_parallel:
             out.append(f"{name}.sequence_parallel=true: only strategy=megatron has sequence parallelism")
         if role.strategy == "fsdp" and role.pp != 1:
