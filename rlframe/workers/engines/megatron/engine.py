@@ -12,12 +12,14 @@ Dataflow of `train_step(loss_fn, micro_batches)`:
 Forward-only passes (log-probs, values) use the same schedule with `forward_only=True`; their
 per-token outputs exist on the last pipeline stage, which is the rank the dispatcher collects from.
 
-Needs CUDA (megatron-core's layers and schedules allocate on the current CUDA device) and a process
-group over exactly dp * tp * pp ranks in Megatron's order (tp fastest, then dp, then pp).
+Runs on GPUs (NCCL) and on CPU (gloo): without CUDA, `cpu_compat` redirects megatron-core's
+CUDA-only calls (every call into megatron-core goes through `_megatron`). Needs a process group over
+exactly dp * tp * pp ranks in Megatron's order (tp fastest, then dp, then pp).
 """
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 from functools import partial
@@ -30,6 +32,7 @@ from rlframe.resharding.layout import Layout
 from rlframe.workers.engines.accumulate import MetricSums, check_scalar_loss, micro_batch_weights
 from rlframe.workers.engines.base import BatchedForward, TrainEngine, TrainEngineConfig, check_trainable
 from rlframe.workers.engines.megatron import checkpoint as mckpt
+from rlframe.workers.engines.megatron import cpu_compat
 from rlframe.workers.engines.megatron.inputs import MegatronInputs, megatron_inputs
 from rlframe.workers.engines.megatron.model import (
     build_model, check_hf_config, init_model_parallel, transformer_config,
@@ -42,31 +45,47 @@ from rlframe.workers.engines.packing import response_slice
 from rlframe.workers.engines.vocab_parallel import token_log_probs
 
 
+def _megatron(method):
+    """Run an engine method with megatron-core's CUDA-only calls redirected (on CPU; see cpu_compat)."""
+
+    @functools.wraps(method)
+    def wrapper(self, *args, **kwargs):
+        with cpu_compat.redirect():
+            return method(self, *args, **kwargs)
+
+    return wrapper
+
+
 class MegatronTrainEngine(BatchedForward, TrainEngine):
     """See the module docstring."""
 
     def __init__(self, config: TrainEngineConfig):
         if not dist.is_initialized():
             raise ValueError("MegatronTrainEngine needs an initialised torch.distributed process group")
-        if not torch.cuda.is_available():
-            raise ValueError("the megatron engine needs CUDA GPUs (megatron-core's layers call CUDA); "
-                             "use the fsdp engine (strategy=fsdp) on CPU")
         world = dist.get_world_size()
         if config.dp * config.tp * config.pp != world:
             raise ValueError(f"dp({config.dp}) * tp({config.tp}) * pp({config.pp}) != the {world} ranks of the "
                              "process group; megatron-core lays its parallel groups over all of them")
         self.config = config
-        if "LOCAL_RANK" in os.environ:
-            torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
-        self.device = torch.device("cuda", torch.cuda.current_device())
+        self.on_gpu = not cpu_compat.needed()
+        if self.on_gpu:
+            if "LOCAL_RANK" in os.environ:
+                torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+            self.device = torch.device("cuda", torch.cuda.current_device())
+        else:
+            cpu_compat.apply()
+            self.device = torch.device("cpu")
         self.hf_config = load_config(config.model_path)
         self.dims = check_hf_config(self.hf_config, tp=config.tp, pp=config.pp, where=config.model_path)
-        init_model_parallel(tp=config.tp, pp=config.pp, seed=config.seed, on_gpu=True)
+        init_model_parallel(tp=config.tp, pp=config.pp, seed=config.seed)
         self.rank = dist.get_rank()
         self.layout_ = Layout(tp=config.tp, dp=config.dp, pp=config.pp)
         self._check_coords()
-        self.params_dtype = torch.float32 if config.mixed_precision is False else torch.bfloat16
-        self.model, self.optimizer = self._build()
+        # bf16 compute (fp32 main weights) on GPU by default; fp32 on CPU, where bf16 is slower
+        mixed = self.on_gpu if config.mixed_precision is None else config.mixed_precision
+        self.params_dtype = torch.bfloat16 if mixed else torch.float32
+        with cpu_compat.redirect():
+            self.model, self.optimizer = self._build()
         self.pad_token_id = int(self.hf_config.pad_token_id or 0)
         self.steps = 0
         if self.optimizer is not None:
@@ -97,7 +116,7 @@ class MegatronTrainEngine(BatchedForward, TrainEngine):
 
         cfg = self.config
         tcfg = transformer_config(self.hf_config, tp=cfg.tp, pp=cfg.pp, sequence_parallel=cfg.sequence_parallel,
-                                  params_dtype=self.params_dtype, cpu_init=False)
+                                  params_dtype=self.params_dtype, cpu_init=not self.on_gpu)
         model = build_model(self.hf_config, head=cfg.head, config=tcfg, pre_process=ps.is_pipeline_first_stage(),
                             post_process=self.is_last_stage, device=self.device)
         load_hf_weights(model, model_path=cfg.model_path, dims=self.dims, head=cfg.head, layout=self.layout_,
@@ -150,6 +169,7 @@ class MegatronTrainEngine(BatchedForward, TrainEngine):
 
     # ---- forward ---------------------------------------------------------------------------
     @torch.no_grad()
+    @_megatron
     def _forward_batch(self, batch, *, temperature: float, with_entropy: bool, micro_batch_size=None,
                        max_tokens=None):
         mbs = self._plan(batch, micro_batch_size=micro_batch_size, max_tokens=max_tokens)
@@ -171,6 +191,7 @@ class MegatronTrainEngine(BatchedForward, TrainEngine):
         return {k: restore_order([o[k] for o in outs], mbs).float().cpu() for k in outs[0]}
 
     # ---- training --------------------------------------------------------------------------
+    @_megatron
     def train_step(self, loss_fn, micro_batches, *, temperature: float = 1.0,
                    loss_weighting: str = "tokens", with_entropy: bool = False) -> dict[str, float]:
         check_trainable(self.config)
@@ -265,9 +286,11 @@ class MegatronTrainEngine(BatchedForward, TrainEngine):
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         return mckpt.gather_full_state(self)
 
+    @_megatron
     def save_checkpoint(self, path: str) -> None:
         mckpt.save_checkpoint(self, path)
 
+    @_megatron
     def load_checkpoint(self, path: str) -> None:
         mckpt.load_checkpoint(self, path)
 

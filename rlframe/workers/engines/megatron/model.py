@@ -5,9 +5,9 @@ model-parallel state it runs in.
   SwiGLU (gated_linear_unit + silu), GQA (`num_query_groups`), `kv_channels` = head_dim, qkv bias
   for Qwen2, no other biases, no dropout (so megatron and fsdp agree), rope base and Llama-3 rope
   scaling on `GPTModel`. Fusions that need apex or Transformer Engine kernels are off.
-- `layer_spec`: megatron-core's local (torch) layer spec. Transformer Engine's spec is left out on
-  purpose: rlframe passes an explicit causal + padding mask, which the local `DotProductAttention`
-  takes as is.
+- `block_spec`: megatron-core's local (torch) layer spec with a norm that supports sequence
+  parallelism. Transformer Engine's spec is left out on purpose: rlframe passes an explicit
+  causal + padding mask, which the local `DotProductAttention` takes as is.
 - `ValueHead`: the critic's Linear(hidden, 1) in the place of `output_layer` (same call signature),
   replicated over tp; with sequence parallelism it first gathers the sequence.
 - `init_model_parallel`: megatron-core keeps one model-parallel state per process, so every
@@ -77,10 +77,29 @@ def transformer_config(hf_config, *, tp: int, pp: int, sequence_parallel: bool, 
     )
 
 
-def layer_spec():
-    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+class RMSNorm(torch.nn.RMSNorm):
+    """The local spec's norm (torch RMSNorm, same names and numbers) that also runs under sequence
+    parallelism, which megatron-core's own torch-norm wrapper refuses.
 
-    return get_gpt_layer_local_spec(normalization="RMSNorm")
+    Under sequence parallelism each tp rank normalises its own slice of the sequence, so the weight's
+    gradient is a partial sum per rank; marking the weight `sequence_parallel` makes megatron-core's
+    `finalize_model_grads` all-reduce it over tp before the optimizer step.
+    """
+
+    def __init__(self, config, hidden_size: int, eps: float = 1e-5, **_):
+        super().__init__(hidden_size, eps=eps)
+        self.weight.sequence_parallel = bool(config.sequence_parallel)
+
+
+def block_spec(config):
+    """megatron-core's local (torch) spec for this pipeline stage's layers, with `RMSNorm` as every norm."""
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+    from megatron.core.transformer.transformer_block import TransformerBlockSubmodules, get_num_layers_to_build
+
+    layer = get_gpt_layer_local_spec(normalization="RMSNorm")
+    layer.submodules.input_layernorm = RMSNorm
+    layer.submodules.pre_mlp_layernorm = RMSNorm
+    return TransformerBlockSubmodules(layer_specs=[layer] * get_num_layers_to_build(config), layer_norm=RMSNorm)
 
 
 class ValueHead(torch.nn.Linear):
@@ -104,7 +123,7 @@ def build_model(hf_config, *, head: str, config, pre_process: bool, post_process
     from megatron.core.models.gpt.gpt_model import GPTModel
 
     model = GPTModel(
-        config, layer_spec(), vocab_size=int(hf_config.vocab_size),
+        config, block_spec(config), vocab_size=int(hf_config.vocab_size),
         max_sequence_length=int(hf_config.max_position_embeddings), pre_process=pre_process,
         post_process=post_process, parallel_output=True, share_embeddings_and_output_weights=False,
         position_embedding_type="rope", **rope_settings(hf_config),
@@ -112,10 +131,29 @@ def build_model(hf_config, *, head: str, config, pre_process: bool, post_process
     if head == "value" and post_process:
         # Named `output_layer` so the HF <-> Megatron conversion maps it to the critic's `score`.
         model.output_layer = ValueHead(config.hidden_size, sequence_parallel=config.sequence_parallel)
+    mark_tensor_parallel_weights(model)
     return model.to(device=device, dtype=config.params_dtype)
 
 
-def init_model_parallel(*, tp: int, pp: int, seed: int, on_gpu: bool) -> None:
+def mark_tensor_parallel_weights(model) -> None:
+    """Give tp-sharded weights megatron-core's `tensor_model_parallel` attributes.
+
+    megatron-core sets them only inside its weight initialisers, which `perform_initialization=False`
+    skips (the weights come from the HF checkpoint). Without them the optimizer's gradient norm
+    counts a sharded weight on tp rank 0 only, as if it were a replica: the norm (and so clipping)
+    is wrong for every tp > 1.
+    """
+    from megatron.core import tensor_parallel as mtp
+
+    split_dims = ((mtp.ColumnParallelLinear, 0), (mtp.RowParallelLinear, 1), (mtp.VocabParallelEmbedding, 0))
+    for module in model.modules():
+        for cls, dim in split_dims:
+            weight = getattr(module, "weight", None)
+            if isinstance(module, cls) and weight is not None and not hasattr(weight, "tensor_model_parallel"):
+                mtp.set_tensor_model_parallel_attributes(weight, is_parallel=True, dim=dim, stride=1)
+
+
+def init_model_parallel(*, tp: int, pp: int, seed: int) -> None:
     """Initialise megatron-core's parallel state over the default process group (idempotent)."""
     from megatron.core import parallel_state as ps
 
@@ -129,7 +167,7 @@ def init_model_parallel(*, tp: int, pp: int, seed: int, on_gpu: bool) -> None:
             )
         return
     ps.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp)
-    if on_gpu:
-        from megatron.core import tensor_parallel
+    from megatron.core import tensor_parallel
 
-        tensor_parallel.model_parallel_cuda_manual_seed(seed)
+    # The named RNG streams megatron's dropout and recompute fork (on the CPU generator without CUDA)
+    tensor_parallel.model_parallel_cuda_manual_seed(seed)

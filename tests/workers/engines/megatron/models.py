@@ -25,3 +25,18 @@ def build_hf_model(path: str, family: str, *, seed: int = 0) -> str:
                 p.uniform_(0.5, 1.5)
     model.save_pretrained(path)
     return path
+
+
+def build_hf_critic(path: str, family: str, *, seed: int = 1) -> str:
+    """The same architecture as a critic checkpoint (token classification, num_labels=1): the value
+    head `score` comes from the file, so every engine starts from the same head."""
+    from transformers import AutoModelForTokenClassification
+
+    lm_path = build_hf_model(path + "-lm", family, seed=seed)
+    torch.manual_seed(seed)
+    model = AutoModelForTokenClassification.from_pretrained(lm_path, num_labels=1, dtype=torch.float32)
+    with torch.no_grad():
+        model.score.weight.normal_(0.0, 0.2)
+        model.score.bias.fill_(0.1)
+    model.save_pretrained(path)
+    return path

@@ -27,7 +27,7 @@ def _build(rank, world, tp, pp, model_path, head):
     )
     from rlframe.workers.engines.megatron.weights import load_hf_weights
 
-    init_model_parallel(tp=tp, pp=pp, seed=0, on_gpu=False)
+    init_model_parallel(tp=tp, pp=pp, seed=0)
     hf_config = AutoConfig.from_pretrained(model_path)
     dims = check_hf_config(hf_config, tp=tp, pp=pp, where=model_path)
     cfg = transformer_config(hf_config, tp=tp, pp=pp, sequence_parallel=False, params_dtype=torch.float32,
