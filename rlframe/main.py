@@ -38,7 +38,11 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     from rlframe.controller.trainers import run_training
 
-    run_training(cfg, config_name=name)
+    try:
+        run_training(cfg, config_name=name)
+    except ConfigError as err:  # what a joined Ray cluster cannot provide, found once joined
+        print(f"rlframe: {err}", file=sys.stderr)
+        return 2
     return 0
 
 

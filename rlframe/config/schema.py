@@ -1,8 +1,9 @@
 """The schema of a run: a shallow tree of dataclasses. Hydra composes the YAML; these validate it.
 
-Sections: model, data, algorithm, actor, critic, ref, rollout, reward, resources, trainer.
+Sections: model, data, algorithm, actor, critic, ref, rollout, reward, resources, ray, trainer.
 Every field has a default that suits the tiny CPU run (`configs/ppo_tiny.yaml`); cluster configs
-override what they need. Cross-field checks live in `rlframe/config/validate.py`.
+override what they need. The range of every numeric field and the choices of every named one are
+in `rlframe/config/ranges.py`; cross-field checks live in `rlframe/config/validate.py`.
 """
 
 from __future__ import annotations
@@ -130,6 +131,16 @@ class ResourcesConfig:
 
 
 @dataclass
+class RayConfig:
+    """Which Ray the driver uses (docs/ray.md). `address` null and no RAY_ADDRESS: a private Ray on
+    this machine, started for the run and stopped with it, even when another cluster runs here.
+    Set (an ip:port, a ray:// URL, or "auto" for the cluster `ray start` made on this machine): join it."""
+
+    address: str | None = None
+    num_cpus: int | None = None  # logical CPUs of a private Ray (None: max(16, this machine's cores))
+
+
+@dataclass
 class TrainerConfig:
     total_steps: int = 20
     val_every: int = 5
@@ -144,6 +155,12 @@ class TrainerConfig:
     dry_run: bool = False
     seed: int = 0
     progress_bar: bool = True
+    # A worker process that dies mid-run (killed, out of memory): tear the groups down, start them
+    # again and resume from the newest complete checkpoint, at most this many times.
+    max_restarts: int = 1
+    # Steps in a row whose optimizer steps were all skipped (non-finite gradients) or whose loss
+    # was non-finite before the run stops with an error.
+    max_nonfinite_steps: int = 3
 
 
 @dataclass
@@ -157,6 +174,7 @@ class RunConfig:
     rollout: RolloutSection = field(default_factory=RolloutSection)
     reward: RewardConfig = field(default_factory=RewardConfig)
     resources: ResourcesConfig = field(default_factory=ResourcesConfig)
+    ray: RayConfig = field(default_factory=RayConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     imports: list[str] = field(default_factory=list)  # modules that register custom algorithms/workers
 

@@ -8,6 +8,8 @@ from __future__ import annotations
 import importlib
 from pathlib import Path
 
+from rlframe.config.ranges import check_ranges
+from rlframe.config.resources import check_private_cluster
 from rlframe.config.schema import ALGORITHMS, RunConfig
 
 GROUP_ESTIMATORS = ("grpo", "dr_grpo", "rloo", "reinforce_plus_plus_baseline", "lite_ppo",
@@ -82,35 +84,33 @@ def _check_algorithm(cfg: RunConfig, out: list[str]) -> None:
         if alg.name in ("online_dpo", "sft") and what == "algorithm.adv_estimator":
             continue
         if value not in reg:
-            out.append(f"{what}={value!r} is not registered; known: {', '.join(reg.names())} "
-                       "(register your own and list its module under imports:)")
-    if alg.n_samples < 1:
-        out.append(f"algorithm.n_samples={alg.n_samples} must be >= 1")
+            out.append(f"{what}={value!r} is not registered; known: {', '.join(reg.names())}; use one of "
+                       "them (or register your own and list its module under imports:)")
     if alg.adv_estimator in GROUP_ESTIMATORS and alg.n_samples < 2:
         out.append(f"algorithm.adv_estimator={alg.adv_estimator!r} compares samples of the same prompt, "
-                   f"so algorithm.n_samples must be >= 2 (got {alg.n_samples})")
+                   f"so algorithm.n_samples must be >= 2 (got {alg.n_samples}); set algorithm.n_samples=4, say")
     if alg.name == "online_dpo" and alg.n_samples != 2:
         out.append(f"online DPO ranks two samples per prompt: set algorithm.n_samples=2 (got {alg.n_samples})")
 
 
 def _check_layouts(cfg: RunConfig, out: list[str]) -> None:
     res = cfg.resources
-    if res.placement not in ("colocated", "split"):
-        out.append(f"resources.placement={res.placement!r}: use 'colocated' or 'split'")
-        return
     sizes = role_world_sizes(cfg)
     roles = [("actor", cfg.actor)] + ([("critic", cfg.critic)] if cfg.uses_critic else [])
     for name, role in roles:
         n = sizes[name]
-        if role.strategy not in ("fsdp", "megatron"):
-            out.append(f"{name}.strategy={role.strategy!r}: use 'fsdp' or 'megatron'")
         if role.strategy == "fsdp" and role.sequence_parallel:
-            out.append(f"{name}.sequence_parallel=true: only strategy=megatron has sequence parallelism")
+            out.append(f"{name}.sequence_parallel=true: only strategy=megatron has sequence parallelism; "
+                       f"set {name}.sequence_parallel=false or {name}.strategy=megatron")
         if role.strategy == "fsdp" and role.pp != 1:
             out.append(f"{name}.pp={role.pp}: the fsdp strategy has no pipeline parallelism; use pp=1 or strategy=megatron")
         if role.dp * role.tp * role.pp != n:
+            where = (f"resources.nodes({res.nodes}) * resources.procs_per_node({res.procs_per_node})"
+                     if res.placement == "colocated" or name not in (res.split_procs or {})
+                     else f"resources.split_procs.{name}")
             out.append(f"{name} layout dp({role.dp}) * tp({role.tp}) * pp({role.pp}) = "
-                       f"{role.dp * role.tp * role.pp} != its {n} processes; change the layout or resources")
+                       f"{role.dp * role.tp * role.pp} != its {n} processes ({where}); set {name}.dp/tp/pp "
+                       "so that the product equals the processes, or change the resources")
     megatron = {(r.tp, r.pp) for _, r in roles if r.strategy == "megatron"}
     if res.placement == "colocated" and len(megatron) > 1:
         out.append(f"colocated megatron roles use different (tp, pp) {sorted(megatron)}; megatron-core keeps one "
@@ -135,18 +135,86 @@ def _check_batches(cfg: RunConfig, out: list[str]) -> None:
                        f"({cfg.algorithm.n_samples}) = {samples} samples is not divisible by {name}.dp={role.dp}; "
                        f"make it a multiple of {role.dp}")
         if samples % role.mini_batch_size:
-            out.append(f"{name}.mini_batch_size={role.mini_batch_size} must divide the {samples} samples of a step")
+            out.append(f"{name}.mini_batch_size={role.mini_batch_size} must divide the {samples} samples of a step "
+                       f"(data.train_batch_size * algorithm.n_samples); use a divisor of {samples}")
         elif role.mini_batch_size % role.dp:
-            out.append(f"{name}.mini_batch_size={role.mini_batch_size} must be divisible by {name}.dp={role.dp}")
+            out.append(f"{name}.mini_batch_size={role.mini_batch_size} must be divisible by {name}.dp={role.dp}; "
+                       f"use a multiple of {role.dp}")
         per_rank = role.mini_batch_size // max(role.dp, 1)
         if role.micro_batch_size and per_rank % role.micro_batch_size:
             out.append(f"{name}.micro_batch_size={role.micro_batch_size} must divide the per-rank mini-batch "
-                       f"{role.mini_batch_size} / dp {role.dp} = {per_rank}")
+                       f"{role.mini_batch_size} / dp {role.dp} = {per_rank}; use a divisor of {per_rank}")
+
+
+def _check_kl_and_sampling(cfg: RunConfig, out: list[str]) -> None:
+    alg, data = cfg.algorithm, cfg.data
+    if alg.overlong_buffer_len >= data.response_length > 0 and alg.overlong_buffer_len > 0:
+        out.append(f"algorithm.overlong_buffer_len={alg.overlong_buffer_len} must be smaller than "
+                   f"data.response_length={data.response_length} (the penalty ramps over the last "
+                   "overlong_buffer_len tokens of the budget); lower it, or 0 to turn shaping off")
+    if alg.dynamic_sampling and alg.n_samples < 2:
+        out.append(f"algorithm.dynamic_sampling=true keeps groups whose rewards differ, which needs "
+                   f"algorithm.n_samples >= 2 (got {alg.n_samples}); raise n_samples or turn dynamic_sampling off")
+    if cfg.ref.enabled is False and (alg.use_kl_loss or alg.kl_in_reward):
+        which = "algorithm.use_kl_loss" if alg.use_kl_loss else "algorithm.kl_in_reward"
+        out.append(f"ref.enabled=false, but {which}=true needs the reference policy's log-probs; "
+                   f"set ref.enabled=true (or null), or {which}=false")
+    if alg.kl_target is not None and not alg.kl_in_reward:
+        out.append(f"algorithm.kl_target={alg.kl_target} adapts the KL penalty in the reward, but "
+                   "algorithm.kl_in_reward=false; set kl_in_reward=true or kl_target=null")
+    if data.task is not None and data.train_batch_size > data.train_size:
+        out.append(f"data.train_batch_size={data.train_batch_size} is larger than the synthetic task's "
+                   f"data.train_size={data.train_size} prompts; lower the batch or raise train_size")
+
+
+def _check_roles_and_trainer(cfg: RunConfig, out: list[str]) -> None:
+    seq_len = cfg.data.prompt_length + cfg.data.response_length
+    roles = [("actor", cfg.actor)] + ([("critic", cfg.critic)] if cfg.uses_critic else [])
+    for name, role in roles:
+        if role.max_tokens_per_micro_batch is not None and role.max_tokens_per_micro_batch < seq_len:
+            out.append(f"{name}.max_tokens_per_micro_batch={role.max_tokens_per_micro_batch} cannot hold one "
+                       f"sequence of data.prompt_length + data.response_length = {seq_len} tokens; "
+                       f"set it >= {seq_len} (or null)")
+        optimizer_steps = cfg.trainer.total_steps * role.ppo_epochs  # the engine's schedule length
+        if role.lr_schedule == "cosine" and role.warmup_steps >= optimizer_steps:
+            out.append(f"{name}.warmup_steps={role.warmup_steps} leaves no steps for the cosine decay "
+                       f"(trainer.total_steps * {name}.ppo_epochs = {optimizer_steps}); lower warmup_steps")
+    res = cfg.resources
+    split = res.split_procs or {}
+    unknown = sorted(set(split) - {"actor", "critic", "ref"})
+    if unknown:
+        out.append(f"resources.split_procs has unknown roles {unknown}; use actor, critic and ref")
+    for role, n in split.items():
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            out.append(f"resources.split_procs.{role}={n!r} must be a process count >= 1")
+    if split and res.placement == "colocated":
+        out.append("resources.split_procs is set but resources.placement=colocated ignores it; "
+                   "set placement=split or remove split_procs")
+    for key in ("experiment", "output_dir"):
+        value = getattr(cfg.trainer, key)
+        if not value.strip() or (key == "experiment" and ("/" in value or value in (".", ".."))):
+            out.append(f"trainer.{key}={value!r} must be a non-empty {'name without /' if key == 'experiment' else 'path'}"
+                       f"; the run directory is <trainer.output_dir>/<trainer.experiment>")
+    if cfg.reward.function_path is not None and not cfg.reward.function_name.isidentifier():
+        out.append(f"reward.function_name={cfg.reward.function_name!r} is not a Python function name; "
+                   "name the function reward.function_path defines (default compute_score)")
+
+
+def _check_cross_field(cfg: RunConfig, out: list[str]) -> None:
+    _check_kl_and_sampling(cfg, out)
+    _check_roles_and_trainer(cfg, out)
 
 
 def _check_paths(cfg: RunConfig, out: list[str]) -> None:
     from rlframe.data.pretrain import TASKS
 
+    if cfg.data.task is None:
+        if not cfg.data.train_files:
+            out.append("data.task is null and data.train_files is empty: give parquet/jsonl files or a synthetic task")
+        for f in [*cfg.data.train_files, *cfg.data.val_files]:
+            if not Path(f).expanduser().is_file():
+                out.append(f"data file {f!r} (data.train_files / data.val_files) does not exist; fix the path "
+                           "or set data.task to a synthetic task")
     if cfg.model.path is None and cfg.data.task not in TASKS:
         out.append(f"model.path is null, so the tiny model would be built, but it is pre-trained only on "
                    f"{sorted(TASKS)}, not data.task={cfg.data.task!r}; give model.path or use data.task=arithmetic")
@@ -156,33 +224,34 @@ def _check_paths(cfg: RunConfig, out: list[str]) -> None:
             out.append(f"model.path={cfg.model.path!r} has no config.json (missing or not an HF model "
                        "directory); point it at a local save_pretrained directory, or set model.path=null "
                        "to build the tiny model")
-    if cfg.data.task is None:
-        if not cfg.data.train_files:
-            out.append("data.task is null and data.train_files is empty: give parquet/jsonl files or a synthetic task")
-        for f in [*cfg.data.train_files, *cfg.data.val_files]:
-            if not Path(f).expanduser().is_file():
-                out.append(f"data file {f!r} does not exist")
     if cfg.reward.function_path is not None and not Path(cfg.reward.function_path).expanduser().is_file():
         out.append(f"reward.function_path={cfg.reward.function_path!r} does not exist; give the path of a "
                    ".py file that defines reward.function_name")
     resume = cfg.trainer.resume
     if resume not in ("auto", "off") and not Path(resume).expanduser().is_dir():
-        out.append(f"trainer.resume={resume!r} is not 'auto', 'off' or an existing checkpoint directory")
+        out.append(f"trainer.resume={resume!r} is not 'auto', 'off' or an existing checkpoint directory; use "
+                   "trainer.resume=auto to continue from the newest checkpoint of the run, or fix the path")
 
 
 def validate(cfg: RunConfig) -> RunConfig:
-    """Raise ConfigError listing every problem; return cfg when it is sound."""
+    """Raise ConfigError listing every problem; return cfg when it is sound.
+
+    Ranges and choices of single fields come first and alone (ranges.py): cross-field rules fed an
+    out-of-range value would blame a key the user did not touch. Then the cross-field rules, then
+    what the machine can provide (a private Ray only: a joined cluster is checked once joined).
+    """
+    problems = check_ranges(cfg)
+    if problems:
+        raise ConfigError(problems)
     import_user_modules(cfg)
-    problems: list[str] = []
     _check_algorithm(cfg, problems)
     _check_layouts(cfg, problems)
     _check_batches(cfg, problems)
-    if not cfg.trainer.dry_run:  # a dry run checks a cluster config on a machine without its files
+    _check_cross_field(cfg, problems)
+    if not cfg.trainer.dry_run:  # a dry run checks a cluster config on a machine without its files or GPUs
         _check_paths(cfg, problems)
-    if cfg.rollout.backend not in ("auto", "vllm", "hf"):
-        problems.append(f"rollout.backend={cfg.rollout.backend!r}: choose auto, vllm or hf")
-    if cfg.trainer.total_steps < 1:
-        problems.append(f"trainer.total_steps={cfg.trainer.total_steps} must be >= 1")
+        if not problems:
+            problems.extend(check_private_cluster(cfg))
     if problems:
         raise ConfigError(problems)
     return cfg

@@ -37,13 +37,13 @@ def run_training(cfg: RunConfig, *, config_name: str = "") -> dict:
 
     import yaml
 
-    from rlframe.controller.ray_utils import init_local_ray
+    from rlframe.controller.ray_utils import start_ray_for_run
 
     run_dir = Path(cfg.trainer.output_dir) / cfg.trainer.experiment
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.yaml").write_text(yaml.safe_dump({"config_name": config_name, **to_dict(cfg)}, sort_keys=False))
     # Workers import user modules (custom workers, algorithms) from where the job was started.
-    init_local_ray(runtime_env={"env_vars": {"PYTHONPATH": os.pathsep.join(
+    start_ray_for_run(cfg, runtime_env={"env_vars": {"PYTHONPATH": os.pathsep.join(
         p for p in (os.getcwd(), os.environ.get("PYTHONPATH", "")) if p)}})
     t0 = time.perf_counter()
     trainer = trainer_class(cfg)(cfg, run_dir=run_dir)

@@ -1,0 +1,156 @@
+"""One bad config per rule: each fails in the driver before any worker (or Ray) starts, and its first
+message names the key the user got wrong and how to fix it.
+
+Most cases call the validation in-process (Hydra composition + checks); a handful run
+`python -m rlframe.main key=value` to show the user-facing side: exit code 2, no traceback.
+"""
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from rlframe.config import ConfigError, load_config, validate
+
+REPO = Path(__file__).resolve().parents[2]
+LIMIT_S = 5.0
+
+# (overrides, text the first problem must contain (the key), text of the fix)
+CASES = [
+    # ---- ranges of single fields
+    ("resources.nodes=0", "resources.nodes=0", "resources.nodes=1"),
+    ("data.train_batch_size=-1", "data.train_batch_size=-1", "data.train_batch_size=64"),
+    ("actor.micro_batch_size=0", "actor.micro_batch_size=0", "actor.micro_batch_size=32"),
+    ("algorithm.clip_ratio_low=-0.1", "algorithm.clip_ratio_low=-0.1", "algorithm.clip_ratio_low=0.2"),
+    ("actor.lr=-1e-4", "actor.lr=-0.0001", "actor.lr=0.0001"),
+    ("rollout.temperature=-0.5", "rollout.temperature=-0.5", "rollout.temperature=1.0"),
+    ("rollout.top_p=1.5", "rollout.top_p=1.5", "rollout.top_p=1.0"),
+    ("data.response_length=0", "data.response_length=0", "data.response_length=8"),
+    ("data.prompt_length=0", "data.prompt_length=0", "data.prompt_length=16"),
+    ("data.train_size=0", "data.train_size=0", "data.train_size=5000"),
+    ("data.val_size=-1", "data.val_size=-1", "data.val_size=256"),
+    ("algorithm.gamma=1.5", "algorithm.gamma=1.5", "algorithm.gamma=1.0"),
+    ("algorithm.lam=-0.1", "algorithm.lam=-0.1", "algorithm.lam=1.0"),
+    ("algorithm.n_samples=0", "algorithm.n_samples=0", "algorithm.n_samples=1"),
+    ("algorithm.kl_coef=-1", "algorithm.kl_coef=-1.0", "algorithm.kl_coef=0.001"),
+    ("algorithm.kl_target=0", "algorithm.kl_target=0.0", "algorithm.kl_target=null"),
+    ("algorithm.clip_ratio_high=-0.2", "algorithm.clip_ratio_high=-0.2", "algorithm.clip_ratio_high=0.2"),
+    ("algorithm.clip_ratio_c=0.5", "algorithm.clip_ratio_c=0.5", "algorithm.clip_ratio_c=3.0"),
+    ("algorithm.entropy_coef=-0.01", "algorithm.entropy_coef=-0.01", "algorithm.entropy_coef=0.0"),
+    ("algorithm.max_gen_batches=0", "algorithm.max_gen_batches=0", "algorithm.max_gen_batches=4"),
+    ("algorithm.overlong_buffer_len=-1", "algorithm.overlong_buffer_len=-1", "algorithm.overlong_buffer_len=0"),
+    ("algorithm.dpo_beta=0", "algorithm.dpo_beta=0.0", "algorithm.dpo_beta=0.1"),
+    ("actor.dp=0", "actor.dp=0", "actor.dp=2"),
+    ("actor.ppo_epochs=0", "actor.ppo_epochs=0", "actor.ppo_epochs=1"),
+    ("actor.mini_batch_size=0", "actor.mini_batch_size=0", "actor.mini_batch_size=64"),
+    ("actor.grad_clip=0", "actor.grad_clip=0.0", "actor.grad_clip=1.0"),
+    ("actor.weight_decay=-0.1", "actor.weight_decay=-0.1", "actor.weight_decay=0.0"),
+    ("critic.cliprange_value=0", "critic.cliprange_value=0.0", "critic.cliprange_value=0.5"),
+    ("critic.lr=nan", "critic.lr=nan", "critic.lr=0.0001"),
+    ("rollout.tp=0", "rollout.tp=0", "rollout.tp=1"),
+    ("rollout.top_k=0", "rollout.top_k=0", "rollout.top_k=-1"),
+    ("rollout.val_n=0", "rollout.val_n=0", "rollout.val_n=1"),
+    ("rollout.gpu_memory_utilization=1.5", "rollout.gpu_memory_utilization=1.5", "gpu_memory_utilization=0.1"),
+    ("rollout.bucket_bytes=1000", "rollout.bucket_bytes=1000", "rollout.bucket_bytes=268435456"),
+    ("reward.num_workers=-1", "reward.num_workers=-1", "reward.num_workers=0"),
+    ("resources.procs_per_node=0", "resources.procs_per_node=0", "resources.procs_per_node=2"),
+    ("resources.cpus_per_proc=0", "resources.cpus_per_proc=0.0", "resources.cpus_per_proc=1.0"),
+    ("trainer.total_steps=0", "trainer.total_steps=0", "trainer.total_steps=20"),
+    ("trainer.keep_checkpoints=0", "trainer.keep_checkpoints=0", "trainer.keep_checkpoints=2"),
+    ("trainer.val_every=-1", "trainer.val_every=-1", "trainer.val_every=5"),
+    ("trainer.max_restarts=-1", "trainer.max_restarts=-1", "trainer.max_restarts=1"),
+    ("trainer.max_nonfinite_steps=0", "trainer.max_nonfinite_steps=0", "trainer.max_nonfinite_steps=3"),
+    ("ray.num_cpus=0", "ray.num_cpus=0", "ray.num_cpus=null"),
+    # ---- choices
+    ("trainer.loggers=[jsonl,foo]", "trainer.loggers", "one of console, jsonl"),
+    ("actor.strategy=deepspeed", "actor.strategy='deepspeed'", "one of fsdp, megatron"),
+    ("critic.lr_schedule=linear", "critic.lr_schedule='linear'", "one of constant, cosine"),
+    ("rollout.backend=sglang", "rollout.backend='sglang'", "one of auto, vllm, hf"),
+    ("resources.placement=spread", "resources.placement='spread'", "one of colocated, split"),
+    ("reward.ensemble=max", "reward.ensemble='max'", "one of mean, min"),
+    ("model.tiny_preset=huge", "model.tiny_preset='huge'", "set model.tiny_preset to one of"),
+    ("data.task=sudoku", "data.task='sudoku'", "null, arithmetic, countdown"),
+    # ---- cross-field rules
+    ("algorithm.overlong_buffer_len=8", "algorithm.overlong_buffer_len=8", "lower it, or 0"),
+    ("algorithm.dynamic_sampling=true", "algorithm.dynamic_sampling=true", "raise n_samples"),
+    ("ref.enabled=false algorithm.use_kl_loss=true", "ref.enabled=false", "set ref.enabled=true"),
+    ("algorithm.kl_target=0.1", "algorithm.kl_target=0.1", "kl_target=null"),
+    ("data.train_size=100", "data.train_batch_size=128", "raise train_size"),
+    ("actor.max_tokens_per_micro_batch=10", "actor.max_tokens_per_micro_batch=10", "set it >= 24"),
+    ("actor.lr_schedule=cosine actor.warmup_steps=60", "actor.warmup_steps=60", "lower warmup_steps"),
+    ("resources.split_procs={actor:2}", "resources.split_procs", "set placement=split"),
+    ("resources.placement=split resources.split_procs={rollout:2}", "resources.split_procs has unknown roles",
+     "use actor, critic and ref"),
+    ("trainer.experiment=a/b", "trainer.experiment='a/b'", "<trainer.output_dir>/<trainer.experiment>"),
+    ("actor.tp=2", "actor layout dp(2) * tp(2)", "set actor.dp/tp/pp"),
+    ("rollout.tp=4", "rollout.tp=4", "use rollout.tp <= 2"),
+    ("data.train_batch_size=63", "data.train_batch_size (63)", "make it a multiple of 2"),
+    ("actor.mini_batch_size=48", "actor.mini_batch_size=48", "use a divisor of 128"),
+    ("actor.micro_batch_size=48", "actor.micro_batch_size=48", "use a divisor of 64"),
+    ("actor.sequence_parallel=true", "actor.sequence_parallel=true", "actor.strategy=megatron"),
+    ("algorithm.name=ppo2", "algorithm.name='ppo2'", "choose one of ppo, grpo"),
+    ("algorithm.adv_estimator=gea", "algorithm.adv_estimator='gea'", "use one of them"),
+    ("algorithm.adv_estimator=grpo", "algorithm.adv_estimator='grpo'", "set algorithm.n_samples=4"),
+    ("algorithm.name=online_dpo algorithm.adv_estimator=grpo algorithm.n_samples=3", "online DPO",
+     "set algorithm.n_samples=2"),
+    ("actor.worker_cls=nope:Cls", "actor.worker_cls", "check the module is on PYTHONPATH"),
+    ("imports=[no_such_module_xyz]", "imports: module 'no_such_module_xyz'", "check the module name"),
+    # ---- paths and resources
+    ("model.path=/no/such/model", "model.path='/no/such/model'", "model.path=null"),
+    ("reward.function_path=/no/such.py", "reward.function_path='/no/such.py'", "give the path of a .py file"),
+    ("trainer.resume=/no/such/ckpt", "trainer.resume='/no/such/ckpt'", "trainer.resume=auto"),
+    ("data.task=null", "data.task is null and data.train_files is empty", "give parquet/jsonl files"),
+    ("resources.nodes=2 actor.dp=4 critic.dp=4", "resources.nodes=2 needs a multi-node Ray cluster",
+     "ray.address=auto"),
+    ("resources.use_gpu=true", "resources.use_gpu=true needs 2 GPUs", "resources.use_gpu=false"),
+    ("resources.cpus_per_proc=64", "resources.cpus_per_proc=64", "lower resources.cpus_per_proc"),
+]
+
+
+def first_problem(overrides: str) -> tuple[str, float]:
+    t0 = time.perf_counter()
+    with pytest.raises(ConfigError) as err:
+        validate(load_config("ppo_tiny", overrides.split()))
+    return err.value.problems[0], time.perf_counter() - t0
+
+
+def test_the_table_has_one_case_per_rule():
+    assert len(CASES) >= 40
+    assert len({c[0] for c in CASES}) == len(CASES)
+
+
+@pytest.mark.parametrize("overrides,key,fix", CASES, ids=[c[0] for c in CASES])
+def test_bad_config_fails_fast_naming_key_and_fix(overrides, key, fix, monkeypatch):
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)  # resources are checked for a private Ray
+    if overrides.startswith("resources.use_gpu"):
+        import torch
+
+        if torch.cuda.is_available():
+            pytest.skip("this machine has GPUs")
+    problem, elapsed = first_problem(overrides)
+    assert key in problem, problem
+    assert fix in problem, problem
+    assert elapsed < LIMIT_S, elapsed
+
+
+@pytest.mark.parametrize("override,key", [
+    ("resources.nodes=0", "resources.nodes=0"),
+    ("data.train_batch_size=-1", "data.train_batch_size=-1"),
+    ("actor.micro_batch_size=0", "actor.micro_batch_size=0"),
+    ("rollout.top_p=1.5", "rollout.top_p=1.5"),
+    ("resources.use_gpu=true", "resources.use_gpu=true"),
+])
+def test_main_exits_2_without_traceback(override, key):
+    env = {**os.environ, "PYTHONPATH": str(REPO), "RAY_ADDRESS": "", "CUDA_VISIBLE_DEVICES": ""}
+    t0 = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-m", "rlframe.main", override], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=60)
+    elapsed = time.perf_counter() - t0
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr and "Started a local Ray" not in proc.stderr + proc.stdout, proc.stderr
+    first = proc.stderr.splitlines()[1]  # "rlframe: invalid configuration:" then one line per problem
+    assert first.startswith(f"  - {key}"), proc.stderr
+    assert elapsed < LIMIT_S, elapsed
