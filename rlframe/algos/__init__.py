@@ -30,6 +30,7 @@ from rlframe.algos.registry import (
     register_kl_estimator,
     register_loss_agg_mode,
     register_policy_loss,
+    resolve_loss_agg_mode,
 )
 from rlframe.algos.aggregation import agg_loss
 from rlframe.algos.advantages import gae, reinforce_plus_plus, remax
@@ -98,6 +99,7 @@ __all__ = [
     "register_advantage_estimator",
     "register_kl_estimator",
     "register_loss_agg_mode",
+    "resolve_loss_agg_mode",
     "register_policy_loss",
     "reinforce_plus_plus",
     "reinforce_plus_plus_baseline",

@@ -10,8 +10,10 @@ Modes (registered by name, `get_loss_agg_mode(name)`):
 - `token-mean`: sum over all valid tokens / number of valid tokens.
 - `seq-mean-token-sum`: per-sequence token sum, then mean over sequences.
 - `seq-mean-token-mean`: per-sequence token mean, then mean over sequences.
-- `seq-mean-token-sum-norm`: per-sequence token sum / `loss_scale_factor` (default R, the padded
-  response length, which should be the fixed maximum response length), then mean over sequences.
+- `seq-mean-token-sum-norm`: per-sequence token sum / `loss_scale_factor`, then mean over sequences.
+  The constant must not depend on the batch: a run passes `data.response_length`, the maximum
+  response length (`algorithm.loss_scale_factor` overrides it). Called without one, R (the padded
+  length of the tensor given) stands in, which varies with each micro-batch's padding.
   (verl divides the batch sum by R without the mean over sequences; here the mean over sequences
   keeps the scale independent of the batch size, like the other modes.)
 

@@ -16,13 +16,17 @@ returns = advantages (there is no critic to regress).
 
 std is the unbiased (Bessel-corrected) standard deviation, as torch.std; `epsilon` guards it.
 A row with no valid token still counts as a member of its group (score 0) and gets advantage 0.
+A group whose rewards are all equal gets advantage exactly 0 in every estimator: it carries no
+signal, and its floating-point mean is off by rounding (see `grouping.group_is_constant`). For
+reinforce_plus_plus_baseline this holds after the batch whitening too (docs/algorithms.md lists
+this and the other departures from verl).
 """
 
 from __future__ import annotations
 
 import torch
 
-from rlframe.algos.grouping import Groups, group_mean, group_rows, group_std
+from rlframe.algos.grouping import Groups, group_is_constant, group_mean, group_rows, group_std
 from rlframe.algos.masked import as_float_mask, check_token_tensors, masked_whiten, sequence_scores
 from rlframe.algos.registry import register_advantage_estimator
 
@@ -36,6 +40,13 @@ def _scores_and_groups(name: str, token_level_rewards, response_mask, index) -> 
     check_token_tensors(response_mask=response_mask, token_level_rewards=token_level_rewards)
     groups = group_rows(index, batch_size=token_level_rewards.shape[0], device=token_level_rewards.device)
     return sequence_scores(token_level_rewards, response_mask), groups
+
+
+def _centered(scores: torch.Tensor, groups: Groups) -> tuple[torch.Tensor, torch.Tensor]:
+    """(s_i - mean_g, constant) both (B,): exactly 0 where the row's group has equal rewards."""
+    constant = group_is_constant(scores, groups)[groups.inverse]
+    centered = scores - group_mean(scores, groups)[groups.inverse]
+    return torch.where(constant, torch.zeros_like(centered), centered), constant
 
 
 def _broadcast(seq_adv: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
@@ -54,8 +65,8 @@ def grpo(*, token_level_rewards, response_mask, index=None, values=None, baselin
     """
     scores, groups = _scores_and_groups("grpo", token_level_rewards, response_mask, index)
     groups.require_min_size(2, algorithm="grpo", why="the standard deviation of one sample is undefined")
-    mean, std = group_mean(scores, groups), group_std(scores, groups)
-    seq_adv = (scores - mean[groups.inverse]) / (std[groups.inverse] + epsilon)
+    centered, _ = _centered(scores, groups)
+    seq_adv = centered / (group_std(scores, groups)[groups.inverse] + epsilon)
     return _broadcast(seq_adv, response_mask)
 
 
@@ -70,8 +81,7 @@ def dr_grpo(*, token_level_rewards, response_mask, index=None, values=None, base
     "seq-mean-token-sum-norm" with it. Needs index. Shapes (B, R) -> (B, R).
     """
     scores, groups = _scores_and_groups("dr_grpo", token_level_rewards, response_mask, index)
-    seq_adv = scores - group_mean(scores, groups)[groups.inverse]
-    return _broadcast(seq_adv, response_mask)
+    return _broadcast(_centered(scores, groups)[0], response_mask)
 
 
 @register_advantage_estimator("rloo")
@@ -90,7 +100,9 @@ def rloo(*, token_level_rewards, response_mask, index=None, values=None, baselin
         0, groups.inverse, scores
     )
     baseline = (sums[groups.inverse] - scores) / (n - 1)
-    return _broadcast(scores - baseline, response_mask)
+    constant = group_is_constant(scores, groups)[groups.inverse]
+    seq_adv = torch.where(constant, torch.zeros_like(scores), scores - baseline)
+    return _broadcast(seq_adv, response_mask)
 
 
 @register_advantage_estimator("reinforce_plus_plus_baseline")
@@ -104,9 +116,10 @@ def reinforce_plus_plus_baseline(*, token_level_rewards, response_mask, index=No
     Needs index. Shapes (B, R) -> (B, R).
     """
     scores, groups = _scores_and_groups("reinforce_plus_plus_baseline", token_level_rewards, response_mask, index)
-    centered = scores - group_mean(scores, groups)[groups.inverse]
+    centered, constant = _centered(scores, groups)
     token_adv = centered.unsqueeze(-1).expand_as(token_level_rewards)
     adv = masked_whiten(token_adv, response_mask, epsilon=epsilon)
+    adv = torch.where(constant.unsqueeze(-1), torch.zeros_like(adv), adv)  # whitening shifts by the batch mean
     return adv, adv.clone()
 
 
@@ -123,6 +136,6 @@ def lite_ppo(*, token_level_rewards, response_mask, index=None, values=None, bas
     Needs index. Shapes (B, R) -> (B, R).
     """
     scores, groups = _scores_and_groups("lite_ppo", token_level_rewards, response_mask, index)
-    centered = scores - group_mean(scores, groups)[groups.inverse]
+    centered, _ = _centered(scores, groups)
     batch_std = scores.std() if scores.numel() > 1 else scores.new_zeros(())
     return _broadcast(centered / (batch_std + epsilon), response_mask)

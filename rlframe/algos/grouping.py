@@ -88,3 +88,18 @@ def group_std(x: torch.Tensor, groups: Groups) -> torch.Tensor:
     mean = group_mean(x, groups)
     sq = torch.zeros_like(mean).index_add_(0, groups.inverse, (x - mean[groups.inverse]) ** 2)
     return torch.sqrt(sq / (groups.counts.to(x) - 1))
+
+
+def group_is_constant(x: torch.Tensor, groups: Groups) -> torch.Tensor:
+    """(G,) bool: every value of the group is exactly equal (max == min).
+
+    Needed because a group's mean is not exact in floating point: eight rewards of 0.7 in float32
+    have a mean a few ulps off 0.7, so s_i - mean is ~1e-8 rather than 0, and GRPO's division by
+    (std + eps) with std ~ 1e-8 would turn that rounding into advantages of about 0.06.
+    """
+    big = torch.finfo(x.dtype).max if x.is_floating_point() else torch.iinfo(x.dtype).max
+    gmax = torch.full((groups.num_groups,), -big, dtype=x.dtype, device=x.device)
+    gmin = torch.full((groups.num_groups,), big, dtype=x.dtype, device=x.device)
+    gmax = gmax.scatter_reduce(0, groups.inverse, x, reduce="amax")
+    gmin = gmin.scatter_reduce(0, groups.inverse, x, reduce="amin")
+    return gmax == gmin

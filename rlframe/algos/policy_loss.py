@@ -141,6 +141,8 @@ def gspo_loss(*, old_log_prob, log_prob, advantages, response_mask, loss_agg_mod
     s_{i,t} = sg[s_i] * pi_theta(y_t) / sg[pi_theta(y_t)], whose value is s_i on every token and
     whose gradient, with equal advantages over a sequence and loss_agg_mode
     "seq-mean-token-mean" (the paper's objective, and the default here), equals sequence-level GSPO's.
+    A run with `algorithm.loss_agg_mode` unset uses this default (`resolve_loss_agg_mode`); an explicit
+    value, e.g. token-mean (verl's default for every loss), still wins.
     The paper's clip ranges are tiny (3e-4 / 4e-4) because the ratio is a length-normalized mean.
     clip_ratio_c must be None. Shapes (B, R) -> scalar.
     """

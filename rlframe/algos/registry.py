@@ -157,3 +157,15 @@ register_kl_estimator = KL_ESTIMATORS.register
 get_kl_estimator = KL_ESTIMATORS.get
 register_loss_agg_mode = LOSS_AGG_MODES.register
 get_loss_agg_mode = LOSS_AGG_MODES.get
+
+
+def resolve_loss_agg_mode(*, policy_loss: str, loss_agg_mode: str | None) -> str:
+    """The aggregation a run uses: `algorithm.loss_agg_mode` when set, else the policy loss's own
+    (the default of its `loss_agg_mode` parameter): "token-mean" for ppo / dual_clip, and
+    "seq-mean-token-mean" for gspo, whose objective is a mean over sequences (Zheng et al. 2025)."""
+    if loss_agg_mode is not None:
+        return loss_agg_mode
+    import inspect
+
+    param = inspect.signature(POLICY_LOSSES.get(policy_loss)).parameters["loss_agg_mode"]
+    return param.default if isinstance(param.default, str) else "token-mean"

@@ -43,6 +43,9 @@ def within(lo, hi, *, open_lo: bool = False, open_hi: bool = False, why: str = "
 
 
 POSITIVE_INT = at_least(1)
+# rlframe.workers.engines.base.LR_SCHEDULES (a test keeps them equal): importing the engine would
+# import torch, and a range error must be reported before that second is spent.
+LR_SCHEDULES = ("constant", "cosine")
 
 _TRAIN_ROLE = {
     "dp": POSITIVE_INT, "tp": POSITIVE_INT, "pp": POSITIVE_INT,
@@ -81,6 +84,7 @@ RANGES: dict[str, Rule] = {
     "algorithm.overlong_buffer_len": at_least(0, " (0: no overlong shaping)"),
     "algorithm.overlong_penalty_factor": at_least(0),
     "algorithm.dpo_beta": above(0),
+    "algorithm.loss_scale_factor": above(0, " (null: data.response_length)"),
     **{f"actor.{k}": r for k, r in _TRAIN_ROLE.items()},
     **{f"critic.{k}": r for k, r in _TRAIN_ROLE.items()},
     "rollout.tp": POSITIVE_INT,
@@ -112,7 +116,6 @@ def _choices() -> dict[str, tuple]:
     from rlframe.controller.trainers.tracking import SINKS
     from rlframe.data.synthetic import TASKS
     from rlframe.data.tiny_model import PRESETS
-    from rlframe.workers.engines.base import LR_SCHEDULES
 
     roles = {f"{r}.{k}": v for r in ("actor", "critic") for k, v in
              (("strategy", ("fsdp", "megatron")), ("lr_schedule", LR_SCHEDULES))}

@@ -24,6 +24,9 @@ class ModelConfig:
     cache_dir: str | None = None  # where built tiny models/data are cached (None: ~/.cache/rlframe)
     # Dims for dry runs of cluster configs (no weights needed); None reads config.json at `path`.
     hf_config: dict | None = None
+    # Load model/critic/reward weights stored only as pickle (.bin/.pt): a pickle can run code when
+    # loaded, so safetensors are required unless this is set (rlframe/utils/model_files.py).
+    allow_pickle_weights: bool = False
 
 
 @dataclass
@@ -59,7 +62,12 @@ class AlgorithmConfig:
     clip_ratio_low: float = 0.2
     clip_ratio_high: float = 0.2
     clip_ratio_c: float = 3.0  # dual-clip bound (policy_loss=dual_clip)
-    loss_agg_mode: str = "token-mean"
+    # null: the policy loss's own (token-mean; seq-mean-token-mean for gspo, the paper's sequence-level
+    # objective). Set it to override (rlframe.algos.registry.resolve_loss_agg_mode).
+    loss_agg_mode: str | None = None
+    # seq-mean-token-sum-norm (Dr. GRPO) divides each response's token sum by this constant;
+    # null: data.response_length, the maximum response length.
+    loss_scale_factor: float | None = None
     entropy_coef: float = 0.0
     dynamic_sampling: bool = False  # DAPO: drop groups with equal rewards, refill
     max_gen_batches: int = 4

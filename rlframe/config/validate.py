@@ -62,7 +62,7 @@ def role_world_sizes(cfg: RunConfig) -> dict[str, int]:
 
 def _check_algorithm(cfg: RunConfig, out: list[str]) -> None:
     from rlframe.algos.registry import (
-        ADVANTAGE_ESTIMATORS, KL_ESTIMATORS, LOSS_AGG_MODES, POLICY_LOSSES,
+        ADVANTAGE_ESTIMATORS, KL_ESTIMATORS, LOSS_AGG_MODES, POLICY_LOSSES, resolve_loss_agg_mode,
     )
 
     alg = cfg.algorithm
@@ -80,7 +80,9 @@ def _check_algorithm(cfg: RunConfig, out: list[str]) -> None:
                              ("algorithm.policy_loss", alg.policy_loss, POLICY_LOSSES),
                              ("algorithm.kl_estimator", alg.kl_estimator, KL_ESTIMATORS),
                              ("algorithm.kl_loss_estimator", alg.kl_loss_estimator, KL_ESTIMATORS),
-                             ("algorithm.loss_agg_mode", alg.loss_agg_mode, LOSS_AGG_MODES)):
+                             ("algorithm.loss_agg_mode", resolve_loss_agg_mode(
+                                 policy_loss=alg.policy_loss, loss_agg_mode=alg.loss_agg_mode)
+                              if alg.policy_loss in POLICY_LOSSES else alg.loss_agg_mode, LOSS_AGG_MODES)):
         if alg.name in ("online_dpo", "sft") and what == "algorithm.adv_estimator":
             continue
         if value not in reg:
@@ -148,8 +150,8 @@ def _check_batches(cfg: RunConfig, out: list[str]) -> None:
 
 def _check_kl_and_sampling(cfg: RunConfig, out: list[str]) -> None:
     alg, data = cfg.algorithm, cfg.data
-    if alg.overlong_buffer_len >= data.response_length > 0 and alg.overlong_buffer_len > 0:
-        out.append(f"algorithm.overlong_buffer_len={alg.overlong_buffer_len} must be smaller than "
+    if alg.overlong_buffer_len > data.response_length:
+        out.append(f"algorithm.overlong_buffer_len={alg.overlong_buffer_len} must be at most "
                    f"data.response_length={data.response_length} (the penalty ramps over the last "
                    "overlong_buffer_len tokens of the budget); lower it, or 0 to turn shaping off")
     if alg.dynamic_sampling and alg.n_samples < 2:
@@ -231,6 +233,20 @@ def _check_paths(cfg: RunConfig, out: list[str]) -> None:
     if resume not in ("auto", "off") and not Path(resume).expanduser().is_dir():
         out.append(f"trainer.resume={resume!r} is not 'auto', 'off' or an existing checkpoint directory; use "
                    "trainer.resume=auto to continue from the newest checkpoint of the run, or fix the path")
+    elif resume not in ("auto", "off"):  # a damaged checkpoint fails here, before any worker starts
+        from rlframe.utils.manifest import CheckpointDamaged, verify
+
+        try:
+            verify(Path(resume).expanduser())
+        except CheckpointDamaged as err:
+            out.append(f"trainer.resume={resume!r}: {err}")
+    from rlframe.utils.model_files import check_weight_format
+
+    for key, model_dir in (("model.path", cfg.model.path), ("model.critic_path", cfg.model.critic_path),
+                           *((f"reward.model_paths[{i}]", p) for i, p in enumerate(cfg.reward.model_paths))):
+        problem = model_dir and check_weight_format(key, model_dir, allow_pickle=cfg.model.allow_pickle_weights)
+        if problem:
+            out.append(problem)
 
 
 def validate(cfg: RunConfig) -> RunConfig:

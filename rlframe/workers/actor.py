@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from transformers import AutoConfig
 
+from rlframe.algos.registry import resolve_loss_agg_mode
+
 from rlframe.config.schema import AlgorithmConfig, RolloutSection, TrainRoleConfig
 from rlframe.controller import Dispatch, Mesh, register
 from rlframe.controller.dispatch import METRICS_KEY
@@ -101,7 +103,8 @@ class ActorWorker(TrainedRole):
         if self.algo.name == "online_dpo":
             return self._update_dpo(data, temperature=temperature)
         loss_fn = actor_loss_fn(self.algo, loss_scale_factor=data.meta_info.get("loss_scale_factor"))
-        return self.run_epochs(data, loss_fn, prefix="actor", loss_weighting=LOSS_WEIGHTING[self.algo.loss_agg_mode],
+        agg_mode = resolve_loss_agg_mode(policy_loss=self.algo.policy_loss, loss_agg_mode=self.algo.loss_agg_mode)
+        return self.run_epochs(data, loss_fn, prefix="actor", loss_weighting=LOSS_WEIGHTING[agg_mode],
                                temperature=temperature, with_entropy=True)
 
     def _update_dpo(self, data: DataProto, *, temperature: float) -> DataProto:

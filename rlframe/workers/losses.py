@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from rlframe.algos import agg_loss, compute_value_loss, get_policy_loss
+from rlframe.algos import agg_loss, compute_value_loss, get_policy_loss, resolve_loss_agg_mode
 from rlframe.algos.kl import compute_kl_loss
 from rlframe.algos.preference import online_dpo_loss
 from rlframe.config.schema import AlgorithmConfig
@@ -18,6 +18,9 @@ from rlframe.config.schema import AlgorithmConfig
 def actor_loss_fn(algo: AlgorithmConfig, *, loss_scale_factor: float | None = None):
     """Policy loss (+ entropy bonus, + KL-to-reference loss when configured)."""
     policy_loss = get_policy_loss(algo.policy_loss)
+    agg_mode = resolve_loss_agg_mode(policy_loss=algo.policy_loss, loss_agg_mode=algo.loss_agg_mode)
+    if loss_scale_factor is None:  # seq-mean-token-sum-norm's constant (the driver sets the max response length)
+        loss_scale_factor = algo.loss_scale_factor
     clip_c = algo.clip_ratio_c if algo.policy_loss == "dual_clip" else None
 
     def loss_fn(outputs, mb):
@@ -25,7 +28,7 @@ def actor_loss_fn(algo: AlgorithmConfig, *, loss_scale_factor: float | None = No
         log_prob = outputs["log_probs"]
         pg_loss, m = policy_loss(
             old_log_prob=mb["old_log_probs"], log_prob=log_prob, advantages=mb["advantages"],
-            response_mask=mask, loss_agg_mode=algo.loss_agg_mode, clip_ratio_low=algo.clip_ratio_low,
+            response_mask=mask, loss_agg_mode=agg_mode, clip_ratio_low=algo.clip_ratio_low,
             clip_ratio_high=algo.clip_ratio_high, clip_ratio_c=clip_c, loss_scale_factor=loss_scale_factor,
         )
         loss = pg_loss
@@ -37,7 +40,8 @@ def actor_loss_fn(algo: AlgorithmConfig, *, loss_scale_factor: float | None = No
                 loss = loss - algo.entropy_coef * entropy
         if algo.use_kl_loss:
             kl = compute_kl_loss(log_prob=log_prob, ref_log_prob=mb["ref_log_prob"], response_mask=mask,
-                                 estimator=algo.kl_loss_estimator, loss_agg_mode=algo.loss_agg_mode)
+                                 estimator=algo.kl_loss_estimator, loss_agg_mode=agg_mode,
+                                 loss_scale_factor=loss_scale_factor)
             loss = loss + algo.kl_loss_coef * kl
             metrics["actor/kl_loss"] = kl.detach()
         return loss, metrics

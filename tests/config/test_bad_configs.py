@@ -74,7 +74,7 @@ CASES = [
     ("model.tiny_preset=huge", "model.tiny_preset='huge'", "set model.tiny_preset to one of"),
     ("data.task=sudoku", "data.task='sudoku'", "null, arithmetic, countdown"),
     # ---- cross-field rules
-    ("algorithm.overlong_buffer_len=8", "algorithm.overlong_buffer_len=8", "lower it, or 0"),
+    ("algorithm.overlong_buffer_len=9", "algorithm.overlong_buffer_len=9", "lower it, or 0"),
     ("algorithm.dynamic_sampling=true", "algorithm.dynamic_sampling=true", "raise n_samples"),
     ("ref.enabled=false algorithm.use_kl_loss=true", "ref.enabled=false", "set ref.enabled=true"),
     ("algorithm.kl_target=0.1", "algorithm.kl_target=0.1", "kl_target=null"),
@@ -154,3 +154,10 @@ def test_main_exits_2_without_traceback(override, key):
     first = proc.stderr.splitlines()[1]  # "rlframe: invalid configuration:" then one line per problem
     assert first.startswith(f"  - {key}"), proc.stderr
     assert elapsed < LIMIT_S, elapsed
+
+
+def test_lr_schedule_choices_match_the_engine():
+    from rlframe.config.ranges import LR_SCHEDULES
+    from rlframe.workers.engines.base import LR_SCHEDULES as ENGINE_SCHEDULES
+
+    assert LR_SCHEDULES == ENGINE_SCHEDULES

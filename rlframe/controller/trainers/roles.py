@@ -3,6 +3,7 @@ engine: one process per rank hosts actor + rollout, critic and reference) or spl
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from rlframe.config.schema import RunConfig
@@ -47,12 +48,15 @@ def worker_class(target: str | None, default: type) -> type:
 def role_specs(cfg: RunConfig, *, actor_path: str, critic_path: str) -> dict[str, RoleSpec]:
     total = cfg.trainer.total_steps * max(1, cfg.actor.ppo_epochs)
     max_len = cfg.data.prompt_length + cfg.data.response_length
+    # Dr. GRPO's seq-mean-token-sum-norm divides by a constant: the maximum response length.
+    algorithm = dataclasses.replace(cfg.algorithm, loss_scale_factor=cfg.algorithm.loss_scale_factor
+                                    or float(cfg.data.response_length))
     specs = {"actor": RoleSpec(worker_class(cfg.actor.worker_cls, ActorWorker), kwargs=dict(
-        model_path=actor_path, actor=cfg.actor, algorithm=cfg.algorithm, rollout=cfg.rollout,
+        model_path=actor_path, actor=cfg.actor, algorithm=algorithm, rollout=cfg.rollout,
         max_model_len=max_len, total_steps=total, seed=cfg.trainer.seed))}
     if cfg.uses_critic:
         specs["critic"] = RoleSpec(worker_class(cfg.critic.worker_cls, CriticWorker), kwargs=dict(
-            model_path=critic_path, critic=cfg.critic, loss_agg_mode=cfg.algorithm.loss_agg_mode,
+            model_path=critic_path, critic=cfg.critic, loss_agg_mode=cfg.algorithm.loss_agg_mode or "token-mean",
             total_steps=total, seed=cfg.trainer.seed))
     if cfg.uses_ref or cfg.algorithm.name == "online_dpo":
         specs["ref"] = RoleSpec(ReferenceWorker, kwargs=dict(model_path=actor_path, layout=cfg.actor,
