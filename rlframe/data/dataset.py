@@ -5,11 +5,11 @@ user message), `data_source` (str, picks the reward function), `reward_model` =
 {"ground_truth": ..., "style": "rule"}, optional `extra_info` (dict). The tokenizer's chat template
 turns the messages into text (with the generation prompt), which is tokenized once at load.
 
-Rows that cannot be used are skipped, not fatal: `malformed` (bad JSON line, missing or mistyped
-fields), `empty` (no message with non-blank content) and `too_long` (more prompt tokens than
+Rows that cannot be used are skipped, not fatal: `malformed` (a jsonl line that is not valid UTF-8
+or not JSON, missing or mistyped fields, e.g. every row of a parquet file with the wrong schema), `empty` (no message with non-blank content) and `too_long` (more prompt tokens than
 `max_prompt_length`). `PromptDataset.skipped` counts them per reason with the first few row
 numbers (0-based, per file) so the data can be fixed. A file with no usable row is an error that
-names the file.
+names the file (and, for parquet, the columns its schema lacks); so is a file pyarrow cannot read.
 """
 
 from __future__ import annotations
@@ -40,6 +40,7 @@ class SkipReport:
 
     counts: dict[str, int] = field(default_factory=lambda: {r: 0 for r in REASONS})
     first_rows: dict[str, list[tuple[str, int]]] = field(default_factory=lambda: {r: [] for r in REASONS})
+    notes: list[str] = field(default_factory=list)  # whole-file findings, e.g. a parquet schema's missing columns
 
     def add(self, reason: str, file: str, row: int) -> None:
         self.counts[reason] += 1
@@ -56,7 +57,7 @@ class SkipReport:
             for reason, n in self.counts.items()
             if n
         ]
-        return "skipped " + ("; ".join(parts) if parts else "nothing")
+        return "skipped " + ("; ".join(parts + self.notes) if parts or self.notes else "nothing")
 
 
 def read_rows(path: str | Path) -> list[object]:
@@ -66,22 +67,37 @@ def read_rows(path: str | Path) -> list[object]:
         raise ValueError(f"dataset file {str(path)!r} does not exist; check data.train_files / data.val_files")
     suffix = path.suffix.lower()
     if suffix == ".parquet":
-        import pyarrow.parquet as pq
-
-        return pq.read_table(path).to_pylist()
+        return _read_parquet(path)
     if suffix in (".jsonl", ".ndjson"):
         rows: list[object] = []
-        with path.open() as fh:
-            for line in fh:
-                if not line.strip():
-                    rows.append(None)
-                    continue
+        with path.open("rb") as fh:  # decoded per line: one line of bad bytes must not end the load
+            for raw in fh:
                 try:
-                    rows.append(json.loads(line))
-                except json.JSONDecodeError:
+                    line = raw.decode("utf-8")
+                    rows.append(json.loads(line) if line.strip() else None)
+                except (UnicodeDecodeError, json.JSONDecodeError):
                     rows.append(None)
         return rows
     raise ValueError(f"dataset file {str(path)!r} has suffix {suffix!r}; use .parquet or .jsonl")
+
+
+def _read_parquet(path: Path) -> list[object]:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
+        return pq.read_table(path).to_pylist()
+    except (pa.ArrowException, OSError) as err:
+        raise ValueError(f"dataset file {str(path)!r} cannot be read as parquet ({type(err).__name__}: {err}); "
+                         "rewrite it with pyarrow/pandas, or remove it from data.train_files / data.val_files") from err
+
+
+def missing_parquet_columns(path: str | Path, prompt_key: str = "prompt") -> list[str]:
+    """Columns a verl-layout row needs that the parquet file's schema lacks."""
+    import pyarrow.parquet as pq
+
+    names = set(pq.read_schema(path).names)
+    return [c for c in (prompt_key, "data_source", "reward_model") if c not in names]
 
 
 def _messages(prompt) -> list[dict] | None:
@@ -156,7 +172,10 @@ class PromptDataset:
 
     def _load_file(self, file: str, tokenizer, max_len: int, prompt_key: str) -> int:
         kept = 0
-        for i, raw in enumerate(read_rows(file)):
+        rows = read_rows(file)
+        if file.lower().endswith(".parquet") and (missing := missing_parquet_columns(file, prompt_key)):
+            self.skipped.notes.append(f"{Path(file).name}: its schema lacks columns {missing}, so every row is malformed")
+        for i, raw in enumerate(rows):
             reason, fields = parse_row(raw, prompt_key=prompt_key)
             if reason is None:
                 try:

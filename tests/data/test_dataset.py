@@ -62,3 +62,33 @@ def test_file_without_usable_rows_names_the_file(tmp_path, tok):
     with pytest.raises(ValueError, match="suffix"):
         (tmp_path / "x.csv").write_text("a\n")
         PromptDataset(tmp_path / "x.csv", tokenizer=tok, max_prompt_length=10)
+
+
+def test_jsonl_line_that_is_not_utf8_is_skipped_and_counted(tmp_path, tok):
+    path = tmp_path / "bytes.jsonl"
+    path.write_bytes(json.dumps(_row("1+1=")).encode() + b"\n"
+                     + b'{"prompt": "\xff\xfe bad bytes", "data_source": "x"}\n'   # 1: not UTF-8
+                     + json.dumps(_row("2+2=")).encode() + b"\n")
+    ds = PromptDataset(path, tokenizer=tok, max_prompt_length=10)
+    assert [tok.decode(r.prompt_ids) for r in ds.rows] == ["1+1=", "2+2="]
+    assert ds.skipped.counts["malformed"] == 1
+    assert [r for _, r in ds.skipped.first_rows["malformed"]] == [1]
+
+
+def test_parquet_with_wrong_schema_rows_are_malformed_and_the_file_is_named(tmp_path, tok):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    good = write_parquet([_row("1+1="), _row("2+2=")], tmp_path / "good.parquet")
+    wrong = tmp_path / "wrong.parquet"
+    pq.write_table(pa.table({"question": ["1+1=", "3+3="], "answer": [2, 6]}), wrong)
+    typed = tmp_path / "typed.parquet"  # the right columns with the wrong types
+    pq.write_table(pa.table({"prompt": [1, 2], "data_source": ["a", "b"], "reward_model": ["2", "4"]}), typed)
+    for bad, note in ((wrong, "schema lacks columns ['prompt', 'data_source', 'reward_model']"), (typed, "malformed=2")):
+        with pytest.raises(ValueError, match="no usable rows") as err:
+            PromptDataset([good, bad], tokenizer=tok, max_prompt_length=10)
+        assert bad.name in str(err.value) and "malformed=2" in str(err.value) and note in str(err.value)
+    corrupt = tmp_path / "corrupt.parquet"
+    corrupt.write_bytes(b"not a parquet file at all")
+    with pytest.raises(ValueError, match="corrupt.parquet' cannot be read as parquet"):
+        PromptDataset([good, corrupt], tokenizer=tok, max_prompt_length=10)
