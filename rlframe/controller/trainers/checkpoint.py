@@ -1,10 +1,18 @@
-"""Run checkpoints: written atomically, found again by `trainer.resume`, pruned only when complete.
+"""Run checkpoints: written atomically, verified before use, pruned only behind a verified one.
 
 Layout: `<run_dir>/checkpoints/step_000010/` holds one directory per trained role (the engines'
-sharded model/optimizer/scheduler/RNG state) and `trainer_state.json` (step, dataloader position,
-KL controller, the driver's RNG states). Everything is first written to `.tmp-step_000010/` and
-renamed into place, so a crash mid-write never leaves a directory that resume would pick: a
-checkpoint exists iff its final name exists.
+sharded model/optimizer/scheduler/RNG state, each with its own manifest), `trainer_state.json`
+(step, dataloader position, KL controller, the driver's RNG states) and `MANIFEST.json` (size and
+sha256 of every file, the roles' entries reused from their manifests), written last. Everything is
+first written to `.tmp-step_000010/` and renamed into place, so a crash mid-write never leaves a
+directory that resume would pick: a checkpoint exists iff its final name exists.
+
+Damage after the rename (a truncated or changed file) is caught by the manifest:
+- `trainer.resume=auto` skips a checkpoint that fails verification, with a warning naming each
+  damaged file, and resumes from the newest one that verifies (an error if some exist but none does);
+- an explicit `trainer.resume=PATH` that fails raises CheckpointDamaged (a ValueError) naming them;
+- retention deletes old checkpoints only behind the newest verified one: a new checkpoint is verified
+  after its rename, and the newest verified checkpoint is kept whatever `keep_checkpoints` says.
 """
 
 from __future__ import annotations
@@ -13,10 +21,13 @@ import json
 import random
 import re
 import shutil
+import warnings
 from pathlib import Path
 
 import numpy as np
 import torch
+
+from rlframe.utils import manifest
 
 _STEP_RE = re.compile(r"^step_(\d{6,})$")
 STATE_FILE = "trainer_state.json"
@@ -51,31 +62,48 @@ class CheckpointManager:
                 found.append((int(m.group(1)), p))
         return sorted(found)
 
+    def newest_verified(self, *, warn: bool = True) -> Path | None:
+        """The newest complete checkpoint whose files match its manifest (newer ones that do not are
+        skipped, with a warning naming their damaged files); None when there is none."""
+        for _, path in reversed(self.complete()):
+            try:
+                manifest.verify(path)
+                return path
+            except manifest.CheckpointDamaged as err:
+                if warn:
+                    warnings.warn(f"skipping {path}: {'; '.join(err.problems)}", stacklevel=2)
+        return None
+
     def latest(self) -> Path | None:
+        """The checkpoint `trainer.resume=auto` continues from: the newest that verifies."""
         done = self.complete()
-        return done[-1][1] if done else None
+        found = self.newest_verified()
+        if done and found is None:
+            raise ValueError(
+                f"trainer.resume=auto: none of the {len(done)} checkpoints in {self.root} verifies against its "
+                f"manifest (warnings above name the damaged files); restore one, or start over with "
+                "trainer.resume=off (retention then deletes these as new checkpoints are saved)")
+        return found
 
     def resolve(self, resume: str) -> Path | None:
-        """The checkpoint `trainer.resume` asks for: auto (latest here, if any), off, or a path."""
+        """The checkpoint `trainer.resume` asks for: auto (newest verified here, if any), off, or a path
+        (which must verify)."""
         if resume == "off":
             return None
         if resume == "auto":
             return self.latest()
-        path = Path(resume).expanduser()
-        if not (path / STATE_FILE).is_file():
-            raise ValueError(f"trainer.resume={resume!r} is not a complete checkpoint (no {STATE_FILE}); "
-                             f"pick one of {[str(p) for _, p in self.complete()]} or use resume=auto")
-        return path
+        return check_resume_path(resume, self.complete())
 
     def save(self, step: int, *, save_roles, state: dict) -> Path:
         """`save_roles(tmp_dir)` makes the workers write their shards under tmp_dir; then the
-        driver's state goes in last and the directory is renamed into place."""
+        driver's state and the manifest go in last and the directory is renamed into place."""
         final = self.root / f"step_{step:06d}"
         tmp = self.root / f".tmp-{final.name}"
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
         save_roles(tmp)
         (tmp / STATE_FILE).write_text(json.dumps({"step": step, **state}))
+        manifest.write_manifest(tmp)
         if final.exists():  # the same step saved before (e.g. a resumed run): replace it whole
             shutil.rmtree(final)
         tmp.rename(final)
@@ -86,6 +114,23 @@ class CheckpointManager:
         return json.loads((Path(path) / STATE_FILE).read_text())
 
     def _prune(self) -> None:
+        """Keep the `keep` newest checkpoints and, if it is not among them, the newest one that
+        verifies (read back from disk now); delete the rest."""
         done = self.complete()
-        for _, p in done[: max(0, len(done) - self.keep)]:
-            shutil.rmtree(p, ignore_errors=True)
+        keep = {p for _, p in done[-self.keep:]}
+        verified = self.newest_verified()
+        if verified is not None:
+            keep.add(verified)
+        for _, p in done:
+            if p not in keep:
+                shutil.rmtree(p, ignore_errors=True)
+
+
+def check_resume_path(resume: str, known: list[tuple[int, Path]] = ()) -> Path:
+    """An explicit `trainer.resume` path, checked to be a complete checkpoint that verifies."""
+    path = Path(resume).expanduser()
+    if not (path / STATE_FILE).is_file():
+        raise ValueError(f"trainer.resume={resume!r} is not a complete checkpoint (no {STATE_FILE}); "
+                         f"pick one of {[str(p) for _, p in known]} or use resume=auto")
+    manifest.verify(path)
+    return path

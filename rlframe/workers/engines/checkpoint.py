@@ -1,4 +1,4 @@
-"""Atomic sharded checkpoints (torch.distributed.checkpoint) and full HF export.
+"""Atomic, verified sharded checkpoints (torch.distributed.checkpoint) and full HF export.
 
 Layout of a checkpoint directory:
   model_optim/      DCP shards of the model and optimizer state (each rank writes its own shards;
@@ -6,9 +6,14 @@ Layout of a checkpoint directory:
                     writes its own per-rank files instead (see engines/megatron/checkpoint.py)
   engine_state.pt   scheduler state, optimizer step count, torch RNG state of rank 0
   layout.json       dp, tp, head and model path of the engine that wrote it
-Atomicity: all ranks write into `<path>.tmp`; after a barrier rank 0 renames it to `<path>`
-(replacing an older checkpoint only after the new one is complete), so a crash never leaves a
-half-written directory under the final name.
+  MANIFEST.json     size and sha256 of every other file (rlframe/utils/manifest.py), written last
+Atomicity: all ranks write into `<path>.tmp`; after a barrier the ranks hash the files (each a
+share), rank 0 writes the manifest and renames the directory to `<path>` (replacing an older
+checkpoint only after the new one is complete), so a crash never leaves a half-written directory
+under the final name.
+Loading verifies the manifest first (each rank a share of the files; every rank raises the same
+error naming each damaged file), then reads only with `torch.load(weights_only=True)` or DCP through
+`dcp_reader` (no pickle that could run code; docs/checkpoints.md).
 """
 
 from __future__ import annotations
@@ -19,15 +24,70 @@ import os
 import shutil
 
 import torch
+import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
+from rlframe.utils import manifest
+from rlframe.workers.engines.dcp_reader import SafeFileSystemReader, SafeLoadPlanner, load_weights_only
 from rlframe.workers.engines.modeling import copy_tokenizer_files, save_full_model
 
+_TRUE = ("1", "y", "yes", "true")
 
-def save_atomically(engine, path: str, *, barrier, write_state) -> None:
+
+def _rank_world(group) -> tuple[int, int]:
+    return (dist.get_rank(group), dist.get_world_size(group)) if dist.is_initialized() else (0, 1)
+
+
+def _all_gather(obj, group) -> list:
+    if not dist.is_initialized():
+        return [obj]
+    out = [None] * dist.get_world_size(group)
+    dist.all_gather_object(out, obj, group=group)
+    return out
+
+
+def _my_share(files: dict[str, int], group) -> list[str]:
+    """This rank's files to hash: largest first to the least loaded rank (the same on every rank)."""
+    me, world = _rank_world(group)
+    load, mine = [0] * world, []
+    for name, size in sorted(files.items(), key=lambda kv: (-kv[1], kv[0])):
+        r = load.index(min(load))
+        load[r] += size
+        if r == me:
+            mine.append(name)
+    return mine
+
+
+def _write_manifest_collectively(tmp: str, *, is_first: bool, group) -> None:
+    names = manifest.list_files(tmp)
+    sizes = {n: os.path.getsize(os.path.join(tmp, n)) for n in names}
+    hashed = {}
+    for part in _all_gather(manifest.hash_files(tmp, _my_share(sizes, group)), group):
+        hashed.update(part)
+    if is_first:
+        manifest.write_manifest(tmp, entries=hashed)
+
+
+def verify_collectively(path: str, *, group=None) -> None:
+    """Every rank of `group` checks a share of `path`'s files against its manifest; all raise the same
+    CheckpointDamaged naming every damaged file, or all return."""
+    try:
+        entries = manifest.read_manifest(path)
+        problems = manifest.unlisted_files(path, entries) if _rank_world(group)[0] == 0 else []
+        share = set(_my_share({n: e["size"] for n, e in entries.items()}, group))
+        problems += manifest.check_files(path, {n: e for n, e in entries.items() if n in share})
+    except manifest.CheckpointDamaged as err:
+        problems = err.problems
+    merged = list(dict.fromkeys(p for part in _all_gather(problems, group) for p in part))
+    if merged:
+        raise manifest.CheckpointDamaged(path, merged)
+
+
+def save_atomically(engine, path: str, *, barrier, write_state, group=None) -> None:
     """The atomic skeleton every backend shares: `write_state(tmp_dir)` runs on every rank (it writes
-    the model and optimizer shards), rank 0 adds engine_state.pt and layout.json, then renames."""
+    the model and optimizer shards), rank 0 adds engine_state.pt and layout.json, the ranks of `group`
+    (the engine's ranks; None: all) hash the files, rank 0 writes the manifest and renames."""
     path = os.path.abspath(path)
     tmp = path + ".tmp"
     if engine.is_first_rank and os.path.exists(tmp):
@@ -39,6 +99,8 @@ def save_atomically(engine, path: str, *, barrier, write_state) -> None:
         with open(os.path.join(tmp, "layout.json"), "w") as f:
             json.dump(engine.layout_meta(), f, indent=1)
     barrier()
+    _write_manifest_collectively(tmp, is_first=engine.is_first_rank, group=group)
+    barrier()
     if engine.is_first_rank:
         old = path + ".old"
         if os.path.exists(path):
@@ -49,12 +111,23 @@ def save_atomically(engine, path: str, *, barrier, write_state) -> None:
     barrier()
 
 
-def check_checkpoint(engine, path: str) -> str:
-    """`path` as an absolute checkpoint directory of a model with this engine's head."""
+def _refuse_unsafe_torch_load_env() -> None:
+    if os.environ.get("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", "0").lower() in _TRUE:
+        raise ValueError(
+            "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD is set in this worker's environment: torch.load calls that do not "
+            "pass weights_only (megatron-core's parameter-state loader) would unpickle arbitrary objects, and a "
+            "crafted checkpoint could run code. Unset it for rlframe runs")
+
+
+def check_checkpoint(engine, path: str, *, group=None) -> str:
+    """`path` as an absolute checkpoint directory of a model with this engine's head, verified against
+    its manifest by the ranks of `group` (the engine's ranks; None: all) before anything is loaded."""
     path = os.path.abspath(path)
     layout_file = os.path.join(path, "layout.json")
     if not os.path.isfile(layout_file):
         raise ValueError(f"{path!r} is not an engine checkpoint (no layout.json); pass a directory save_checkpoint wrote")
+    _refuse_unsafe_torch_load_env()
+    verify_collectively(path, group=group)
     with open(layout_file) as f:
         saved = json.load(f)
     mine = engine.layout_meta()
@@ -63,8 +136,13 @@ def check_checkpoint(engine, path: str) -> str:
     return path
 
 
+def load_tensors(file: str, *, map_location=None):
+    """A torch.save'd file of tensors and plain containers; never unpickles anything else."""
+    return load_weights_only(file, what=file, map_location=map_location)
+
+
 def load_engine_state(engine, path: str) -> None:
-    extra = torch.load(os.path.join(path, "engine_state.pt"), weights_only=False)
+    extra = load_tensors(os.path.join(path, "engine_state.pt"))
     engine.load_engine_state(extra)
     torch.set_rng_state(extra["rng"])
 
@@ -77,14 +155,16 @@ def save_checkpoint(engine, path: str, *, barrier, process_group) -> None:
         dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=os.path.join(tmp, "model_optim"),
                  process_group=process_group)
 
-    save_atomically(engine, path, barrier=barrier, write_state=write_state)
+    save_atomically(engine, path, barrier=barrier, write_state=write_state, group=process_group)
 
 
 def load_checkpoint(engine, path: str, *, process_group) -> None:
-    path = check_checkpoint(engine, path)
+    path = check_checkpoint(engine, path, group=process_group)
     model_sd, optim_sd = get_state_dict(engine.model, engine.optimizer)
     state = {"model": model_sd, "optim": optim_sd}
-    dcp.load(state, checkpoint_id=os.path.join(path, "model_optim"), process_group=process_group)
+    reader = SafeFileSystemReader(os.path.join(path, "model_optim"))
+    reader.read_metadata()  # a refused pickle fails here, with its own message (DCP would wrap it)
+    dcp.load(state, storage_reader=reader, planner=SafeLoadPlanner(), process_group=process_group)
     set_state_dict(engine.model, engine.optimizer, model_state_dict=state["model"],
                    optim_state_dict=state["optim"])
     load_engine_state(engine, path)
