@@ -58,9 +58,8 @@ def load_checkpoint(engine, path: str) -> None:
                          f"pp={saved.get('pp', 1)}; this megatron engine is tp={engine.config.tp} pp={engine.config.pp}. "
                          "Resume with the same backend, tp and pp, or start from an exported HF checkpoint")
     sub = _rank_dir(engine, path)
-    engine.module.load_state_dict(torch.load(os.path.join(sub, "model.pt"), map_location=engine.device))
-    engine.optimizer.load_state_dict(torch.load(os.path.join(sub, "optimizer.pt"), map_location=engine.device,
-                                                weights_only=False))
+    engine.module.load_state_dict(ckpt.load_tensors(os.path.join(sub, "model.pt"), map_location=engine.device))
+    engine.optimizer.load_state_dict(ckpt.load_tensors(os.path.join(sub, "optimizer.pt"), map_location=engine.device))
     engine.optimizer.load_parameter_state(os.path.join(sub, "param_state.pt"))
     ckpt.load_engine_state(engine, path)
 
