@@ -14,6 +14,7 @@ so no rank ever holds more than what it asked for.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 
@@ -60,8 +61,32 @@ def load_checkpoint(engine, path: str) -> None:
     sub = _rank_dir(engine, path)
     engine.module.load_state_dict(ckpt.load_tensors(os.path.join(sub, "model.pt"), map_location=engine.device))
     engine.optimizer.load_state_dict(ckpt.load_tensors(os.path.join(sub, "optimizer.pt"), map_location=engine.device))
-    engine.optimizer.load_parameter_state(os.path.join(sub, "param_state.pt"))
+    with torch.no_grad(), _adam_steps_set_aside(engine.optimizer):
+        # no_grad: megatron-core copies into views of the (fp32) parameters themselves
+        engine.optimizer.load_parameter_state(os.path.join(sub, "param_state.pt"))
     ckpt.load_engine_state(engine, path)
+
+
+@contextlib.contextmanager
+def _adam_steps_set_aside(optimizer):
+    """Hide torch Adam's per-parameter `step` from megatron-core's parameter-state loader.
+
+    Without Apex or Transformer Engine, megatron-core 0.16.1 runs torch's Adam, which keeps a `step`
+    tensor in every parameter's state. Two defects follow, both mended here:
+    - the parameter-state file holds only param/exp_avg/exp_avg_sq (the step comes back from
+      optimizer.pt's param groups), yet the dp-zero loader copies every key of the live state and
+      fails on `step`: it is set aside for the load and put back after;
+    - `load_state_dict` gives every parameter the *same* step tensor, which torch's Adam then
+      increments once per parameter in place, so bias correction after a resume would use a step
+      count of about (number of parameters): each parameter gets its own copy back.
+    """
+    held = [(state, state.pop("step")) for opt in getattr(optimizer, "chained_optimizers", [optimizer])
+            for state in opt.optimizer.state.values() if "step" in state]
+    try:
+        yield
+    finally:
+        for state, step in held:
+            state["step"] = step.clone() if torch.is_tensor(step) else step
 
 
 def gather_hf(shards, *, src: Layout, dst: Layout, dims, head: str, rank: int, device) -> dict[str, torch.Tensor]:

@@ -53,12 +53,15 @@ def needed() -> bool:
     return not torch.cuda.is_available()
 
 
-def check_version() -> None:
-    from megatron.core import package_info
+def check_version(installed: str | None = None) -> None:
+    """Refuse a megatron-core other than the version the redirections were checked against."""
+    if installed is None:
+        from megatron.core import package_info
 
-    if package_info.__version__ != CHECKED_VERSION:
+        installed = package_info.__version__
+    if installed != CHECKED_VERSION:
         raise ValueError(
-            f"megatron-core {package_info.__version__} is installed, but rlframe's CPU support for the megatron "
+            f"megatron-core {installed} is installed, but rlframe's CPU support for the megatron "
             f"engine was checked against {CHECKED_VERSION} only (its CUDA-only call sites move between versions). "
             f"Install megatron-core=={CHECKED_VERSION} to train on CPU, or use strategy=fsdp"
         )

@@ -73,11 +73,10 @@ class MegatronTrainEngine(BatchedForward, TrainEngine):
                 torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
             self.device = torch.device("cuda", torch.cuda.current_device())
         else:
-            cpu_compat.apply()
             self.device = torch.device("cpu")
         self.hf_config = load_config(config.model_path)
         self.dims = check_hf_config(self.hf_config, tp=config.tp, pp=config.pp, where=config.model_path)
-        init_model_parallel(tp=config.tp, pp=config.pp, seed=config.seed)
+        init_model_parallel(tp=config.tp, pp=config.pp, seed=config.seed)  # applies cpu_compat without CUDA
         self.rank = dist.get_rank()
         self.layout_ = Layout(tp=config.tp, dp=config.dp, pp=config.pp)
         self._check_coords()

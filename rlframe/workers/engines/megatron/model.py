@@ -157,6 +157,9 @@ def init_model_parallel(*, tp: int, pp: int, seed: int) -> None:
     """Initialise megatron-core's parallel state over the default process group (idempotent)."""
     from megatron.core import parallel_state as ps
 
+    from rlframe.workers.engines.megatron import cpu_compat
+
+    cpu_compat.apply()  # without CUDA: megatron-core's CUDA-only calls go to the CPU (no-op on GPUs)
     if ps.model_parallel_is_initialized():
         have = (ps.get_tensor_model_parallel_world_size(), ps.get_pipeline_model_parallel_world_size())
         if have != (tp, pp):

@@ -1,7 +1,7 @@
 """The megatron engine's CPU-testable half, on real megatron-core modules and gloo processes.
 
-megatron-core builds a `GPTModel` on CPU (`use_cpu_initialization`) but its layers call CUDA in
-forward, so forward/backward are tested on GPU (test_engine_gpu.py). Here: the model built from a
+Forward, backward, optimizer and checkpoints are tested against the fsdp engine in
+test_engine_cpu.py. Here: the model built from a
 HF config has exactly the parameters the HF -> Megatron conversion produces (names and per-rank
 shapes, strict), for Qwen2/Llama at tp 1/2/4 and pp 1/2; every rank's parameters, converted back to
 HF shards with their layout boxes, tile the HF checkpoint exactly; megatron-core's own parallel
@@ -186,16 +186,9 @@ def test_causal_padding_mask():
     assert x.stats == {"tokens_valid": 8, "tokens_computed": 16, "tokens_padded": 10}
 
 
-def _construct_engine(rank, world, model_path):
-    from rlframe.workers.engines import TrainEngineConfig, get_train_engine
+def test_cpu_compat_refuses_an_unchecked_megatron_version():
+    from rlframe.workers.engines.megatron import cpu_compat
 
-    try:
-        get_train_engine("megatron")(TrainEngineConfig(model_path=model_path))
-    except ValueError as e:
-        return str(e)
-    return "constructed"
-
-
-def test_engine_without_cuda_says_so(hf_models):
-    msg = run_distributed(_construct_engine, world_size=1, args=(hf_models["qwen2"],))[0]
-    assert "the megatron engine needs CUDA GPUs" in msg and "strategy=fsdp" in msg
+    cpu_compat.check_version(cpu_compat.CHECKED_VERSION)
+    with pytest.raises(ValueError, match=r"megatron-core 0\.17\.0 is installed.*checked against 0\.16\.1.*strategy=fsdp"):
+        cpu_compat.check_version("0.17.0")
