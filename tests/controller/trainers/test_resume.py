@@ -1,7 +1,9 @@
-"""Kill -9 mid-run, resume, and reach the same metrics as a run that was never interrupted."""
+"""Kill -9 mid-run, or damage the newest checkpoint, resume, and reach the same metrics as a run that
+was never interrupted (one uninterrupted run serves both tests)."""
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -48,11 +50,16 @@ def finish(proc: subprocess.Popen, timeout: float = 900) -> str:
     return out
 
 
-@pytest.mark.slow
-def test_sigkill_and_resume_matches_uninterrupted(tmp_path):
-    finish(launch(tmp_path / "a"))
-    reference = metrics(tmp_path / "a")
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory) -> tuple[Path, dict[int, dict]]:
+    out_dir = tmp_path_factory.mktemp("uninterrupted")
+    finish(launch(out_dir))
+    return out_dir, metrics(out_dir)
 
+
+@pytest.mark.slow
+def test_sigkill_and_resume_matches_uninterrupted(uninterrupted, tmp_path):
+    _, reference = uninterrupted
     proc = launch(tmp_path / "b")
     ckpt = tmp_path / "b" / "run" / "checkpoints" / "step_000002"
     deadline = time.monotonic() + 900
@@ -66,6 +73,39 @@ def test_sigkill_and_resume_matches_uninterrupted(tmp_path):
     out = finish(launch(tmp_path / "b", "trainer.resume=auto"))
     assert "resumed from" in out and "at step 2" in out
     resumed = metrics(tmp_path / "b")
+    assert sorted(resumed) == [1, 2, 3, 4]
+    for step in (3, 4):
+        assert resumed[step] == reference[step], (step, resumed[step], reference[step])
+
+
+@pytest.mark.slow
+def test_damaged_checkpoint_is_refused_or_skipped(uninterrupted, tmp_path):
+    """The uninterrupted run's newest checkpoint (step 4) gets a truncated actor shard and a flipped
+    byte in the critic's engine state. An explicit path to it fails in the driver within 5 s naming
+    the file; resume=auto warns, falls back to step 2 and ends with the uninterrupted run's metrics."""
+    src, reference = uninterrupted
+    shutil.copytree(src / "run", tmp_path / "run")
+    newest = tmp_path / "run" / "checkpoints" / "step_000004"
+    shard = sorted((newest / "actor" / "model_optim").glob("*.distcp"))[0]
+    with open(shard, "r+b") as f:
+        f.truncate(shard.stat().st_size // 2)
+    state = bytearray((newest / "critic" / "engine_state.pt").read_bytes())
+    state[len(state) // 2] ^= 0xFF
+    (newest / "critic" / "engine_state.pt").write_bytes(bytes(state))
+    truncated, flipped = f"actor/model_optim/{shard.name} has", "critic/engine_state.pt has changed"
+
+    start = time.monotonic()
+    proc = launch(tmp_path, f"trainer.resume={newest}")
+    out, _ = proc.communicate(timeout=120)
+    elapsed = time.monotonic() - start
+    assert proc.returncode == 2, out[-3000:]
+    assert truncated in out and flipped in out and "Traceback" not in out, out[-3000:]
+    assert elapsed < 5, f"an explicit damaged checkpoint took {elapsed:.1f} s to fail"
+
+    out = finish(launch(tmp_path, "trainer.resume=auto"))
+    assert f"skipping {newest}" in out and truncated in out and flipped in out
+    assert "at step 2" in out
+    resumed = metrics(tmp_path)
     assert sorted(resumed) == [1, 2, 3, 4]
     for step in (3, 4):
         assert resumed[step] == reference[step], (step, resumed[step], reference[step])
