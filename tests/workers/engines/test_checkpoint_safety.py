@@ -34,7 +34,8 @@ def _engine(path):
     from rlframe.workers.engines import TrainEngineConfig, get_train_engine
 
     mesh = init_device_mesh("cpu", (2, 1), mesh_dim_names=("dp", "tp"))
-    return get_train_engine("fsdp")(TrainEngineConfig(model_path=path, head="lm", dp=2, tp=1, lr=1e-3), device_mesh=mesh)
+    cfg = TrainEngineConfig(model_path=path, head="lm", dp=2, tp=1, lr=1e-3)
+    return get_train_engine("fsdp")(cfg, device_mesh=mesh)
 
 
 def _load_error(engine, ck) -> str | None:
