@@ -37,12 +37,16 @@ def main(argv: list[str] | None = None) -> int:
         print(f"config {name}: valid (dry run: model/data paths are not checked)\n{describe_run(cfg)}")
         return 0
     from rlframe.controller.trainers import run_training
+    from rlframe.controller.trainers.nonfinite import NonFiniteTrainingError
 
     try:
         run_training(cfg, config_name=name)
     except ConfigError as err:  # what a joined Ray cluster cannot provide, found once joined
         print(f"rlframe: {err}", file=sys.stderr)
         return 2
+    except NonFiniteTrainingError as err:  # the metrics up to the stop are in the run directory
+        print(f"rlframe: {err}", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -2,7 +2,9 @@
 
 One `Tracker.log(metrics, step)` call per training step writes to every configured sink. Metric
 names follow verl's (`critic/score/mean`, `timing_s/gen`, `perf/throughput`, ...), so existing
-dashboards and scripts work.
+dashboards and scripts work. Non-finite values are written as NaN (metrics.jsonl uses JSON's
+`NaN` extension, which Python's json and pandas read), counted, and stop the run when they persist
+(`nonfinite.py`, `trainer.max_nonfinite_steps`).
 """
 
 from __future__ import annotations
@@ -11,16 +13,25 @@ import json
 import math
 from pathlib import Path
 
+from rlframe.controller.trainers.nonfinite import NonFiniteGuard
+
 SINKS = ("console", "jsonl", "tensorboard", "wandb", "mlflow")
 PLOTTED = (("critic/score/mean", "reward (mean score)"), ("val/accuracy", "held-out accuracy"),
            ("response_length/mean", "response length"), ("actor/reference_kl", "KL(policy || reference)"))
 
 
-def _finite(metrics: dict) -> dict[str, float]:
-    return {k: float(v) for k, v in metrics.items() if isinstance(v, (int, float)) and math.isfinite(float(v))}
+def _numeric(metrics: dict) -> dict[str, float]:
+    """Numbers as floats, every non-finite one as NaN (inf would not survive every sink)."""
+    out = {}
+    for k, v in metrics.items():
+        if isinstance(v, (int, float)):
+            out[k] = float(v) if math.isfinite(float(v)) else math.nan
+    return out
 
 
 class Tracker:
+    """`config` is the run's config as a dict; its `trainer.max_nonfinite_steps` arms the guard."""
+
     def __init__(self, run_dir: Path, *, sinks: list[str], experiment: str, config: dict, plot: bool = True):
         unknown = [s for s in sinks if s not in SINKS]
         if unknown:
@@ -28,6 +39,7 @@ class Tracker:
         self.run_dir, self.sinks, self.plot_enabled = Path(run_dir), list(sinks), plot
         self.history: list[dict] = []
         self.jsonl = self.run_dir / "metrics.jsonl"
+        self.guard = NonFiniteGuard(max_in_a_row=(config.get("trainer") or {}).get("max_nonfinite_steps"))
         self._tb = self._wandb = self._mlflow = None
         if "tensorboard" in sinks:
             from torch.utils.tensorboard import SummaryWriter
@@ -54,7 +66,10 @@ class Tracker:
         self.jsonl.write_text("".join(json.dumps(r) + "\n" for r in self.history))
 
     def log(self, metrics: dict, step: int) -> None:
-        row = {"step": step, **_finite(metrics)}
+        """Write one step to every sink; NonFiniteTrainingError (after writing) when too many steps
+        in a row were non-finite."""
+        row = {"step": step, **_numeric(metrics)}
+        row.update(self.guard.observe(step, metrics))
         self.history.append(row)
         if "jsonl" in self.sinks:
             with self.jsonl.open("a") as f:
@@ -72,6 +87,7 @@ class Tracker:
             mlflow.log_metrics({k.replace("@", "_at_"): v for k, v in row.items() if k != "step"}, step=step)
         if self.plot_enabled:
             self.plot()
+        self.guard.raise_if_exceeded()
 
     def plot(self) -> None:
         """Redraw curves.png from the history (the main curves, one panel each)."""

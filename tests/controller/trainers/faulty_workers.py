@@ -1,0 +1,49 @@
+"""Actor workers that fail on purpose, for the fault tests (loaded by `actor.worker_cls`)."""
+
+import os
+import signal
+from pathlib import Path
+
+from rlframe.controller import Dispatch, register
+from rlframe.workers.actor import ActorWorker
+
+
+class NonFiniteLossActor(ActorWorker):
+    """Every policy loss is NaN, so every gradient is non-finite."""
+
+    def run_epochs(self, data, loss_fn, **kwargs):
+        def nan_loss(outputs, mb):
+            loss, metrics = loss_fn(outputs, mb)
+            return loss * float("nan"), metrics
+
+        return super().run_epochs(data, nan_loss, **kwargs)
+
+
+class KilledOnceActor(ActorWorker):
+    """Rank 1 SIGKILLs its own process in the middle of step KILL_STEP's actor update, once per run
+    directory (a marker file there remembers; the run directory is learnt from checkpoint paths,
+    `<run_dir>/checkpoints/<step>/actor`, which every save and resume passes)."""
+
+    KILL_STEP = 3
+
+    def _remember_run_dir(self, path: str) -> None:
+        self._run_dir = Path(path).parents[2]
+
+    @register(dispatch=Dispatch.ONE_TO_ALL)
+    def save_checkpoint(self, path: str) -> None:
+        self._remember_run_dir(path)
+        super().save_checkpoint(path)
+
+    @register(dispatch=Dispatch.ONE_TO_ALL)
+    def load_checkpoint(self, path: str) -> None:
+        self._remember_run_dir(path)
+        super().load_checkpoint(path)
+
+    def run_epochs(self, data, loss_fn, **kwargs):  # inside update_actor, mid-step
+        run_dir = getattr(self, "_run_dir", None)
+        if run_dir is not None and self.rank == 1 and int(data.meta_info.get("global_step", 0)) == self.KILL_STEP:
+            marker = run_dir / "killed-once"
+            if not marker.exists():
+                marker.write_text(str(os.getpid()))
+                os.kill(os.getpid(), signal.SIGKILL)
+        return super().run_epochs(data, loss_fn, **kwargs)
