@@ -4,7 +4,9 @@ Workload per model: P prompts (random characters, 16-32 long, seeded) x n sample
 temperature 1.0, EOS ignored so every sample produces exactly T tokens. tokens/s = P*n*T / wall
 seconds of one `generate` call (after one small warm-up call). Weight sync = one
 `update_weights` of the full state dict at TP1 (HF names, checkpoint format; vLLM's layer-wise
-reload path on CPU), median of 3.
+reload path on CPU), median of 3. Its peak extra memory is measured on the receiving side
+(`WeightSyncStats`): bytes held by the assembler and the loader at bucket boundaries, and the
+process's peak resident memory during the update above its level at the start.
 
 Every configuration runs in a fresh spawned process (a vLLM engine per process), so the tuning
 settings (threads, binding) apply from start-up.
@@ -90,7 +92,8 @@ def _run_one(backend: str, model_dir: str, settings: dict, work: dict) -> dict:
     stats = []  # every sync receives the same bytes; the last one's count is reported
     sync_s = median_seconds(lambda: stats.append(engine.update_weights(state)), 3, warmup=0)
     return {"init_s": init_s, "gen_s": gen_s, "tok_s": tokens / gen_s, "sync_s": sync_s,
-            "sync_bytes": stats[-1].bytes_received}
+            "sync_bytes": stats[-1].bytes_received, "sync_held": max(s.peak_held_bytes for s in stats),
+            "sync_rss": max(s.peak_rss_extra_bytes for s in stats)}
 
 
 def _entry(queue, backend, model_dir, settings, work):
@@ -156,11 +159,13 @@ def main_table(args, work: dict, cache: Path) -> str:
         h = run_config("hf", path, {**BASE, **HF}, model_work)
         rows.append([name, f"{nparams / 1e6:.1f}M", model_work["prompts"], f"{v['tok_s']:.0f}",
                      f"{h['tok_s']:.0f}", f"{v['tok_s'] / h['tok_s']:.2f}", f"{v['sync_s']:.3f}",
-                     f"{h['sync_s']:.3f}", f"{v['sync_bytes'] / 2**20:.1f} MiB"])
+                     f"{h['sync_s']:.3f}", f"{v['sync_bytes'] / 2**20:.1f} MiB",
+                     f"{v['sync_held'] / 2**20:.1f} / {v['sync_rss'] / 2**20:.1f} MiB"])
         print(markdown_row(rows[-1]), flush=True)
     return (f"prompts x n={args.n} x {args.tokens} new tokens, fp32, temperature 1.0:\n\n"
             + markdown_table(["model", "params", "prompts", "vLLM tok/s", "HF generate tok/s", "vLLM / HF",
-                              "vLLM weight sync s", "HF weight sync s", "bytes per sync"], rows))
+                              "vLLM weight sync s", "HF weight sync s", "bytes per sync",
+                              "vLLM sync peak extra (held / RSS)"], rows))
 
 
 def tuning_table(args, work: dict, cache: Path) -> str:

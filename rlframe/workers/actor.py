@@ -67,9 +67,14 @@ class ActorWorker(TrainedRole):
         with self.rollout.weight_update() as consume:
             stats = execute_plan(self._plan, local=local, consumer=consume, bucket_bytes=self.bucket_bytes)
         self._weights_stale = False
+        recv = self.rollout.last_sync_stats  # measured on the receiving side (weight_sync.py)
         return {"reshard/bytes_received_mb": stats.bytes_received / 2**20,
                 "reshard/bytes_sent_mb": stats.bytes_sent / 2**20,
-                "reshard/peak_extra_mb": stats.peak_extra_bytes / 2**20, "reshard/buckets": stats.num_buckets}
+                "reshard/peak_extra_mb": stats.peak_extra_bytes / 2**20, "reshard/buckets": stats.num_buckets,
+                "reshard/recv_peak_held_mb": recv.peak_held_bytes / 2**20,
+                # perf/: measurements of the process, which vary from run to run
+                **{f"perf/weight_sync_peak_{k}_extra_mb": v / 2**20 for k, v in
+                   (("rss", recv.peak_rss_extra_bytes), ("device", recv.peak_device_extra_bytes)) if v >= 0}}
 
     @register(dispatch=Dispatch.DP_COMPUTE, mesh="rollout")
     def generate_sequences(self, prompts: DataProto) -> DataProto:

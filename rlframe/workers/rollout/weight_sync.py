@@ -23,11 +23,20 @@ slice itself) but only the rank's box is written: the rest is `torch.empty`, who
 are never faulted in. For dim-0 splits (q/k/v/gate/up, vocabulary) resident memory is therefore the
 rank's slice; for dim-1 splits (o_proj, down_proj) every row is written, so those buffers become
 resident in full (still one layer's worth at a time).
+
+Measured, not assumed (WeightSyncStats): `peak_held_bytes` is the most the receiving side holds at
+a bucket boundary: the assembler's pending buffers plus the completed tensors it handed to the
+engine's loader that are still referenced (vLLM's layer-wise reload keeps them until the layer is
+complete; weak references tell). `peak_rss_extra_bytes` is the process's peak resident memory during
+the update above its resident memory at the start (Linux: VmHWM reset through /proc/self/clear_refs),
+so it also sees transient copies inside the loader, and on a colocated rank the sender's bucket
+arena too; `peak_device_extra_bytes` is the same for CUDA allocations. -1: not measurable here.
 """
 
 from __future__ import annotations
 
 import time
+import weakref
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from typing import Iterable, Mapping
@@ -80,12 +89,49 @@ class WeightSyncStats:
     bytes_resident: int = 0      # bytes of the needed boxes written (what the rank really holds)
     bytes_loaded_view: int = 0   # bytes of the tensors handed to the loader (full shape at TP > 1)
     peak_pending_bytes: int = 0  # largest resident buffer total held between pieces
+    peak_held_bytes: int = 0     # pending buffers + tensors the loader still references, at bucket boundaries
+    peak_rss_extra_bytes: int = -1     # peak resident memory of the process during the update - at its start
+    peak_device_extra_bytes: int = -1  # the same for CUDA allocations (-1 off GPU)
     num_params: int = 0
     num_buckets: int = 0
     time_s: float = 0.0
 
     def as_dict(self) -> dict:
         return asdict(self)
+
+
+def _status_bytes(field: str) -> int | None:
+    try:
+        with open("/proc/self/status") as fh:
+            for line in fh:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+class MemoryWatch:
+    """Peak memory of this process during a block, above its level at the start (host and CUDA)."""
+
+    def __init__(self):
+        try:  # "5" resets the peak resident set size (VmHWM) to the current one (Linux >= 4.0)
+            with open("/proc/self/clear_refs", "w") as fh:
+                fh.write("5")
+            self._rss0 = _status_bytes("VmRSS")
+        except OSError:
+            self._rss0 = None
+        self._cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
+        if self._cuda:
+            torch.cuda.reset_peak_memory_stats()
+            self._dev0 = torch.cuda.memory_allocated()
+
+    def peak_extra(self) -> tuple[int, int]:
+        """(host bytes, CUDA bytes) above the start; -1 where not measurable."""
+        hwm = _status_bytes("VmHWM") if self._rss0 is not None else None
+        host = max(0, hwm - self._rss0) if hwm is not None else -1
+        dev = max(0, torch.cuda.max_memory_allocated() - self._dev0) if self._cuda else -1
+        return host, dev
 
 
 class ShardAssembler:
@@ -109,6 +155,15 @@ class ShardAssembler:
         self._covered: dict[str, int] = {}
         self.done: set[str] = set()
         self.stats = WeightSyncStats()
+        self._handed: list[tuple[weakref.ref, int]] = []  # tensors given to the loader, and their bytes
+        self._memory = MemoryWatch()
+
+    def _sample_held(self) -> None:
+        self._handed = [(ref, n) for ref, n in self._handed if ref() is not None]
+        # Resident bytes: the needed box of each buffer (a full-shape buffer's other pages stay untouched).
+        pending = sum(self.needed[n].numel * b.element_size() for n, b in self._buffers.items())
+        held = pending + sum(n for _, n in self._handed)
+        self.stats.peak_held_bytes = max(self.stats.peak_held_bytes, held)
 
     def _buffer(self, name: str, like: torch.Tensor) -> torch.Tensor:
         buf = self._buffers.get(name)
@@ -125,6 +180,7 @@ class ShardAssembler:
     def add(self, pieces: Iterable[Piece]) -> list[tuple[str, Box, torch.Tensor]]:
         """Copy the pieces in; return the parameters completed by them as (name, needed_box, tensor)."""
         completed = []
+        self._sample_held()  # what the loader kept of the previous bucket
         self.stats.num_buckets += 1
         for name, box, tensor in pieces:
             if name not in self.needed:
@@ -148,9 +204,11 @@ class ShardAssembler:
         pending = sum(self.needed[n].numel * b.element_size() for n, b in self._buffers.items())
         self.stats.peak_pending_bytes = max(self.stats.peak_pending_bytes, pending)
         for name, need, buf in completed:
+            self._handed.append((weakref.ref(buf), need.numel * buf.element_size()))
             self.stats.num_params += 1
             self.stats.bytes_resident += need.numel * buf.element_size()
             self.stats.bytes_loaded_view += buf.numel() * buf.element_size()
+        self._sample_held()  # the completed tensors are all alive now, about to be loaded
         return completed
 
     def missing(self) -> list[str]:
@@ -158,6 +216,9 @@ class ShardAssembler:
         return [n for n, b in self.needed.items() if n not in self.done and not b.empty]
 
     def check_complete(self) -> None:
+        """Raise unless every needed box arrived; record the update's peak memory (call it last)."""
+        self._sample_held()
+        self.stats.peak_rss_extra_bytes, self.stats.peak_device_extra_bytes = self._memory.peak_extra()
         missing = self.missing()
         if missing:
             partial = {n: f"{self._covered.get(n, 0)}/{self.needed[n].numel}" for n in missing[:5]}

@@ -91,3 +91,26 @@ def test_stale_cpu_shm_segments_are_removed_and_live_ones_kept(tmp_path):
     with live.open("r+b") as f, mmap.mmap(f.fileno(), 4096):
         assert remove_stale_cpu_shm(str(tmp_path)) == [stale.name]
     assert not stale.exists() and live.exists()
+
+
+def test_receiving_side_peak_memory_is_measured():
+    """A loader that keeps each 'layer' (two parameters) until it is complete, like vLLM's layer-wise
+    reload: the assembler's peak held bytes is exactly one layer, and the process's peak resident
+    memory during the update (measured, not computed) is at least that."""
+    mib = 2**20
+    shapes = {n: (4096, 4096) for n in ("l0.a", "l0.b", "l1.a")}  # 64 MiB each in fp32: fresh mmaps
+    asm = ShardAssembler(needed={n: Box.full(s) for n, s in shapes.items()}, full_shapes=shapes,
+                         full_shape_buffers=False)
+    layer: list[torch.Tensor] = []
+    for name in shapes:
+        for half in (0, 1):
+            piece = torch.full((2048, 4096), 1.0 + half)
+            layer.extend(t for _, _, t in asm.add([(name, Box((2048 * half, 0), (2048, 4096)), piece)]))
+        if name == "l0.b":
+            layer.clear()  # layer 0 complete: the loader lets go of its tensors
+    asm.check_complete()
+    stats = asm.stats
+    assert stats.peak_held_bytes == 2 * 64 * mib
+    assert stats.peak_pending_bytes == 64 * mib
+    if stats.peak_rss_extra_bytes >= 0:  # Linux
+        assert stats.peak_rss_extra_bytes >= 2 * 64 * mib, stats
