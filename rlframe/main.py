@@ -38,13 +38,14 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     from rlframe.controller.trainers import run_training
     from rlframe.controller.trainers.nonfinite import NonFiniteTrainingError
+    from rlframe.controller.trainers.restart import WorkerRestartsExhausted
 
     try:
         run_training(cfg, config_name=name)
     except ConfigError as err:  # what a joined Ray cluster cannot provide, found once joined
         print(f"rlframe: {err}", file=sys.stderr)
         return 2
-    except NonFiniteTrainingError as err:  # the metrics up to the stop are in the run directory
+    except (NonFiniteTrainingError, WorkerRestartsExhausted) as err:  # metrics so far are in the run directory
         print(f"rlframe: {err}", file=sys.stderr)
         return 1
     return 0

@@ -38,6 +38,7 @@ def run_training(cfg: RunConfig, *, config_name: str = "") -> dict:
     import yaml
 
     from rlframe.controller.ray_utils import start_ray_for_run
+    from rlframe.controller.trainers.restart import fit_with_restarts
 
     run_dir = Path(cfg.trainer.output_dir) / cfg.trainer.experiment
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -46,11 +47,8 @@ def run_training(cfg: RunConfig, *, config_name: str = "") -> dict:
     start_ray_for_run(cfg, runtime_env={"env_vars": {"PYTHONPATH": os.pathsep.join(
         p for p in (os.getcwd(), os.environ.get("PYTHONPATH", "")) if p)}})
     t0 = time.perf_counter()
-    trainer = trainer_class(cfg)(cfg, run_dir=run_dir)
-    try:
-        summary = trainer.fit()
-    finally:
-        trainer.close()
+    # A worker process that dies is reported, its groups restarted and the run resumed (restart.py).
+    summary = fit_with_restarts(cfg, trainer_cls=trainer_class(cfg), run_dir=run_dir)
     summary["wall_time_s"] = round(time.perf_counter() - t0, 1)
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     print("summary: " + json.dumps(summary), flush=True)

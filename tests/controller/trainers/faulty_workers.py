@@ -47,3 +47,12 @@ class KilledOnceActor(ActorWorker):
                 marker.write_text(str(os.getpid()))
                 os.kill(os.getpid(), signal.SIGKILL)
         return super().run_epochs(data, loss_fn, **kwargs)
+
+
+class AlwaysKilledActor(ActorWorker):
+    """Rank 1 SIGKILLs its own process at the start of every actor update."""
+
+    def run_epochs(self, data, loss_fn, **kwargs):
+        if self.rank == 1:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return super().run_epochs(data, loss_fn, **kwargs)

@@ -1,0 +1,111 @@
+"""A worker process that dies does not end the run: tear down, start again, resume.
+
+    attempt 1: trainer = Trainer(cfg); trainer.fit()      # a rank is killed (OOM killer, SIGKILL, node loss)
+               -> WorkerGroupError in the driver
+               -> which host processes are dead? (none: a rank *raised*, which a restart would repeat: re-raise)
+               -> report group, roles, rank; close the trainer (kills every rank, frees the placement groups)
+    attempt 2: Trainer(cfg with trainer.resume = the newest complete checkpoint this run wrote)
+               ... at most `trainer.max_restarts` times, then WorkerRestartsExhausted with the history.
+
+With no checkpoint written yet, the restart begins where the first attempt began (its own
+`trainer.resume`). The resumed attempt reproduces the uninterrupted run's metrics, as a resumed
+process does (tests/controller/trainers/test_resume.py): model, optimizer, dataloader and RNG
+states all come from the checkpoint.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from dataclasses import dataclass
+
+from rlframe.config.schema import RunConfig
+from rlframe.controller.trainers.tracking import say
+
+
+@dataclass
+class WorkerFailure:
+    attempt: int
+    step: int
+    group: str
+    roles: list[str]
+    rank: int
+    error: str
+
+    def __str__(self) -> str:
+        return (f"attempt {self.attempt}, step {self.step}: worker group {self.group!r} (roles "
+                f"{', '.join(self.roles)}) rank {self.rank} died ({self.error})")
+
+
+class WorkerRestartsExhausted(RuntimeError):
+    """Workers kept dying: more failures than `trainer.max_restarts` allows."""
+
+
+def dead_ranks(roles, *, timeout_s: float = 10.0) -> list[tuple[str, list[str], int]]:
+    """(group name, roles it hosts, rank) of every host process that is gone.
+
+    A live rank answers `pid()`, or is busy (stuck in a collective with the dead one) and does not
+    answer within the timeout; only a dead one fails the call with RayActorError.
+    """
+    import ray
+    from ray.exceptions import RayActorError
+
+    hosts: dict[int, tuple[object, list[str]]] = {}
+    for role in ("actor", "critic", "ref", "reward_model"):
+        group = getattr(roles, role, None)
+        if group is not None:
+            hosts.setdefault(id(group.hosts), (group.hosts, []))[1].append(role)
+    probes = [(h.name, names, rank, actor.pid.remote())
+              for h, names in hosts.values() for rank, actor in enumerate(h.actors)]
+    ready, _ = ray.wait([p[3] for p in probes], num_returns=len(probes), timeout=timeout_s)
+    ready = set(ready)
+    dead = []
+    for name, names, rank, ref in probes:
+        if ref in ready:
+            try:
+                ray.get(ref)
+            except RayActorError:
+                dead.append((name, names, rank))
+    return dead
+
+
+def _newest_checkpoint_since(trainer, since: float):
+    ckpt = getattr(trainer, "ckpt", None)
+    if ckpt is None:
+        return None
+    fresh = [path for _, path in ckpt.complete() if path.stat().st_mtime >= since]
+    return fresh[-1] if fresh else None
+
+
+def fit_with_restarts(cfg: RunConfig, *, trainer_cls, run_dir) -> dict:
+    """`trainer_cls(cfg, run_dir=run_dir).fit()`, restarted after a worker process dies."""
+    from rlframe.controller.worker_group import WorkerGroupError
+
+    history: list[WorkerFailure] = []
+    started = time.time()
+    while True:
+        trainer = trainer_cls(cfg, run_dir=run_dir)
+        try:
+            return trainer.fit()
+        except WorkerGroupError as err:
+            dead = dead_ranks(trainer.roles) if getattr(trainer, "roles", None) is not None else []
+            if not dead:
+                raise  # a rank raised (or timed out) while all are alive: restarting would repeat it
+            first_line = str(err).splitlines()[0]
+            history += [WorkerFailure(attempt=len(history) + 1, step=getattr(trainer, "step", 0), group=g,
+                                      roles=names, rank=r, error=first_line) for g, names, r in dead[:1]]
+            summary = "\n  ".join(map(str, history))
+            if len(history) > cfg.trainer.max_restarts:
+                raise WorkerRestartsExhausted(
+                    f"worker processes died {len(history)} times, more than trainer.max_restarts="
+                    f"{cfg.trainer.max_restarts} allows:\n  {summary}\nCheck the workers' logs (out of memory? "
+                    "killed?); raise trainer.max_restarts to keep trying") from err
+            resume = _newest_checkpoint_since(trainer, started)
+            if resume is not None:
+                cfg = dataclasses.replace(cfg, trainer=dataclasses.replace(cfg.trainer, resume=str(resume)))
+            say(f"{history[-1]}; restart {len(history)} of {cfg.trainer.max_restarts}: starting the worker groups "
+                f"again, resuming from {resume or 'where this run began'}")
+            if getattr(trainer, "tracker", None) is not None:  # the next attempt opens its own
+                trainer.tracker.close()
+        finally:
+            trainer.close()
