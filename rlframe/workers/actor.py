@@ -24,7 +24,7 @@ from rlframe.resharding.planner import plan_reshard
 from rlframe.workers.common import (
     LOSS_WEIGHTING, build_train_engine, metrics_only, prefixed, rollout_config, train_mesh,
 )
-from rlframe.workers.losses import actor_loss_fn, dpo_loss_fn, sft_loss_fn
+from rlframe.workers.losses import actor_loss_fn, check_on_policy, dpo_loss_fn, sft_loss_fn
 from rlframe.workers.rollout import SamplingConfig, build_rollout_engine
 from rlframe.workers.rollout.weight_sync import vllm_tp_box
 from rlframe.utils.timing import timed
@@ -107,7 +107,12 @@ class ActorWorker(TrainedRole):
         temperature = data.meta_info.get("temperature", 1.0)
         if self.algo.name == "online_dpo":
             return self._update_dpo(data, temperature=temperature)
-        loss_fn = actor_loss_fn(self.algo, loss_scale_factor=data.meta_info.get("loss_scale_factor"))
+        on_policy = bool(data.meta_info.get("on_policy", False))  # set by the trainer: see actor_loss_fn
+        if on_policy:
+            check_on_policy(ppo_epochs=self.cfg.ppo_epochs, mini_batch_rows=self.cfg.mini_batch_size // self.cfg.dp,
+                            rows=len(data))
+        loss_fn = actor_loss_fn(self.algo, loss_scale_factor=data.meta_info.get("loss_scale_factor"),
+                                on_policy=on_policy)
         agg_mode = resolve_loss_agg_mode(policy_loss=self.algo.policy_loss, loss_agg_mode=self.algo.loss_agg_mode)
         return self.run_epochs(data, loss_fn, prefix="actor", loss_weighting=LOSS_WEIGHTING[agg_mode],
                                temperature=temperature, with_entropy=True)

@@ -76,9 +76,21 @@ def advantages(batch: DataProto, *, cfg: RunConfig, kl_ctrl) -> tuple[DataProto,
     return batch, metrics
 
 
+def update_is_on_policy(cfg: RunConfig, *, rows: int) -> bool:
+    """True when the actor update is exactly on-policy: one epoch of one mini-batch of a batch the
+    current weights generated (this synchronous trainer), so its only optimizer step starts from
+    the sampling weights and the PPO ratio is 1. The old log-probs are then the update's own,
+    detached, and their separate forward pass is skipped. Not when something else needs them
+    before the update: a KL penalty in the reward (computed from them on the driver)."""
+    actor, alg = cfg.actor, cfg.algorithm
+    return (actor.ppo_epochs == 1 and actor.mini_batch_size >= rows and not alg.kl_in_reward
+            and alg.name != "online_dpo")
+
+
 def reference_kl(batch: DataProto) -> dict:
-    """How far the policy has drifted from the reference: mean k1 KL estimate over response tokens."""
-    if "ref_log_prob" not in batch.batch.keys():
+    """How far the policy has drifted from the reference: mean k1 KL estimate over response tokens
+    (from the actor's update instead when the old log-probs were not computed)."""
+    if "ref_log_prob" not in batch.batch.keys() or "old_log_probs" not in batch.batch.keys():
         return {}
     mask = batch.batch["response_mask"].bool()
     diff = (batch.batch["old_log_probs"] - batch.batch["ref_log_prob"])[mask]
@@ -87,8 +99,8 @@ def reference_kl(batch: DataProto) -> dict:
 
 def logprob_consistency(batch: DataProto) -> dict:
     """Rollout engine log-probs vs the training engine's for the same tokens (a silent-bug alarm)."""
-    if "rollout_log_probs" not in batch.batch.keys():
-        return {}
+    if "rollout_log_probs" not in batch.batch.keys() or "old_log_probs" not in batch.batch.keys():
+        return {}  # on-policy updates report the mean difference themselves
     return logprob_diff_metrics(batch.batch["rollout_log_probs"], batch.batch["old_log_probs"],
                                 batch.batch["response_mask"])
 

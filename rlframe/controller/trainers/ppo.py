@@ -9,7 +9,7 @@ One step, as the driver sees it (each line one call on a worker group, or a pure
     batch   = score(batch)                              # rule verifiers / reward models
     batch   = [DAPO] keep groups with reward variance, sample again until full
     batch   = ref.compute_ref_log_prob(batch)           # when a KL term is on
-    batch   = actor.compute_log_prob(batch)             # old_log_probs
+    batch   = actor.compute_log_prob(batch)             # old_log_probs (skipped when exactly on-policy)
     batch   = critic.compute_values(batch)              # GAE only
     batch   = advantages(batch)                         # KL-in-reward, estimator by name
     critic.update_critic(batch); actor.update_actor(batch)
@@ -99,15 +99,18 @@ class PPOTrainer:
             if self.roles.ref is not None:
                 with timed(t, "ref"):
                     batch = batch.union(self.roles.ref.compute_ref_log_prob(batch))
-            with timed(t, "old_log_prob"):
-                batch = batch.union(self.roles.actor.compute_log_prob(batch).select(batch_keys=["old_log_probs"]))
+            on_policy = phases.update_is_on_policy(self.cfg, rows=len(batch))
+            if not on_policy:  # on-policy: the update's own log-probs, detached, are the old ones
+                with timed(t, "old_log_prob"):
+                    batch = batch.union(self.roles.actor.compute_log_prob(batch).select(batch_keys=["old_log_probs"]))
             if self.roles.critic is not None:
                 with timed(t, "values"):
                     batch = batch.union(self.roles.critic.compute_values(batch))
             with timed(t, "adv"):
                 batch, adv_m = phases.advantages(batch, cfg=self.cfg, kl_ctrl=self.kl_ctrl)
             adv_m.update(phases.reference_kl(batch))
-            batch.meta_info = {"global_step": self.step, "temperature": self.cfg.rollout.temperature}
+            batch.meta_info = {"global_step": self.step, "temperature": self.cfg.rollout.temperature,
+                               "on_policy": on_policy}
             if self.roles.critic is not None:
                 with timed(t, "update_critic"):
                     m.update(gathered(self.roles.critic.update_critic(batch)))

@@ -45,6 +45,12 @@ class TrainEngineConfig:
     attn_implementation: "auto" = flash_attention_2 on GPU when flash-attn is installed, else sdpa.
     frozen: forward only (a reference policy): backends may skip gradient buffers and optimizer
         state, and `train_step` refuses to run.
+    gather_once_per_step (fsdp): True gathers each layer's parameters once per micro-batch (kept
+        from forward to backward) and reduce-scatters the gradients once per optimizer step (they
+        accumulate unsharded over the micro-batches): the fewest collectives, at the memory of full
+        parameters and gradients per rank during a step. False is FSDP's ZeRO-3 schedule (gather in
+        forward and again in backward, reduce-scatter every micro-batch): the least memory.
+        None: True on CPU (collectives there are memory copies and the models small), False on GPU.
     """
 
     model_path: str
@@ -69,6 +75,7 @@ class TrainEngineConfig:
     attn_implementation: str = "auto"
     seed: int = 0
     frozen: bool = False
+    gather_once_per_step: bool | None = None
 
     def __post_init__(self):
         if self.head not in HEADS:

@@ -67,6 +67,7 @@ class FSDPTrainEngine(BatchedForward, TrainEngine):
         self.tp_group = self.mesh.get_group("tp")
         self._flat_group = self.mesh._flatten("dp_tp").get_group()
         self.mixed_precision = on_gpu if config.mixed_precision is None else config.mixed_precision
+        self.gather_once = not on_gpu if config.gather_once_per_step is None else config.gather_once_per_step
         self.model = self._build_model()
         self.optimizer = build_optimizer(self.model, config)
         self.scheduler = build_scheduler(self.optimizer, config)
@@ -80,7 +81,8 @@ class FSDPTrainEngine(BatchedForward, TrainEngine):
         model.to(self.device)
         if cfg.tp > 1:
             apply_tensor_parallel(model, self.mesh["tp"], head=cfg.head)
-        apply_fsdp(model, self.mesh["dp"], mixed_precision=self.mixed_precision)
+        apply_fsdp(model, self.mesh["dp"], mixed_precision=self.mixed_precision,
+                   reshard_after_forward=not self.gather_once)
         self.pad_token_id = int(model.config.pad_token_id or 0)
         self.vocab_size = int(model.config.vocab_size)
         return model
@@ -127,7 +129,11 @@ class FSDPTrainEngine(BatchedForward, TrainEngine):
                                       device=self.device)
         self.optimizer.zero_grad(set_to_none=True)
         sums = MetricSums()
-        for mb, w in zip(mbs, weights):
+        for i, (mb, w) in enumerate(zip(mbs, weights)):
+            if self.gather_once:  # keep parameters and unsharded gradients until the last micro-batch
+                last = i == len(mbs) - 1
+                self.model.set_requires_gradient_sync(last)
+                self.model.set_reshard_after_backward(last)
             outputs, stats = self._forward(mb.data, temperature=temperature, with_entropy=with_entropy)
             loss, metrics = loss_fn(outputs, mb.data)
             check_scalar_loss(loss)

@@ -105,11 +105,14 @@ def apply_tensor_parallel(model, tp_mesh: DeviceMesh, *, head: str) -> None:
     parallelize_module(model, tp_mesh, plan)
 
 
-def apply_fsdp(model, dp_mesh: DeviceMesh, *, mixed_precision: bool) -> None:
-    """FSDP2 per decoder layer, then the root (embedding, final norm, head)."""
+def apply_fsdp(model, dp_mesh: DeviceMesh, *, mixed_precision: bool, reshard_after_forward: bool = True) -> None:
+    """FSDP2 per decoder layer, then the root (embedding, final norm, head).
+
+    reshard_after_forward=False keeps each layer's gathered parameters from its forward to its
+    backward (one all-gather per micro-batch instead of two; full parameters held meanwhile)."""
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-    kwargs = {"mesh": dp_mesh}
+    kwargs = {"mesh": dp_mesh, "reshard_after_forward": reshard_after_forward}
     if mixed_precision:
         # bf16 compute and all-gathers; fp32 gradient reduction and fp32 sharded master weights.
         kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)

@@ -161,6 +161,9 @@ def _all_layouts(rank, world, paths, out_dir):
                 continue
             _check_layout(paths[model], head, dp, tp, world, batch, refs[(model, head)], errors,
                           f"{model}/{head}/dp{dp}tp{tp}", **extra)
+    # FSDP's ZeRO-3 schedule (the GPU default): gathers in forward and backward, reduces every micro-batch
+    _check_layout(paths["qwen2"], "lm", 2, 2, world, batch, refs[("qwen2", "lm")], errors, "qwen2/lm/dp2tp2/zero3",
+                  max_tokens_per_micro_batch=20, gather_once_per_step=False)
     _invariants(paths["qwen2"], world, batch, refs[("qwen2", "lm")], errors)
     try:  # a layout that does not fit the ranks fails before any model work
         get_train_engine("fsdp")(TrainEngineConfig(model_path=paths["qwen2"], dp=3, tp=1))
