@@ -55,6 +55,11 @@ class DispatchMode:
     split: SplitFn
     collect: CollectFn
     doc: str
+    # `collect` copies every DataProto it returns (e.g. concatenates), so outputs may arrive
+    # without a private copy of their tensors (rlframe.protocol.receive_zero_copy).
+    copies_outputs: bool = False
+    # `collect` reads only ranks whose RankInfo.collect is set; the others send back None.
+    collect_ranks_only: bool = False
 
 
 def _same_to_all(args, kwargs, ranks):
@@ -124,14 +129,16 @@ def _gather_dp(outputs):
         return DataProto.concat(values, gather_meta_keys=(METRICS_KEY,))
     if all(v is None for v in values):
         return None
-    return values
+    # Mixed outputs are returned as they are: DataProtos among them get their private copy here.
+    return [DataProto.concat([v]) if isinstance(v, DataProto) else v for v in values]
 
 
 DISPATCH_TABLE: dict[str, DispatchMode] = {
     Dispatch.ONE_TO_ALL.value: DispatchMode(_same_to_all, _all_outputs, "same args to all ranks"),
     Dispatch.ALL_TO_ALL.value: DispatchMode(_per_rank, _all_outputs, "rank i gets item i of each arg"),
     Dispatch.RANK_ZERO.value: DispatchMode(_rank_zero_only, _rank_zero_output, "rank 0 only"),
-    Dispatch.DP_COMPUTE.value: DispatchMode(_chunk_over_dp, _gather_dp, "DataProto split over dp"),
+    Dispatch.DP_COMPUTE.value: DispatchMode(_chunk_over_dp, _gather_dp, "DataProto split over dp",
+                                                copies_outputs=True, collect_ranks_only=True),
 }
 
 

@@ -61,8 +61,16 @@ class WorkerHost:
         self.roles[role] = build_role(cls, ctx, args, kwargs)
         return self.roles[role].rank_infos()
 
-    def call(self, role: str, method: str, args: tuple, kwargs: dict):
-        return getattr(self.roles[role], method)(*args, **kwargs)
+    def call(self, role: str, method: str, args: tuple, kwargs: dict, collect: bool = True):
+        """(output, seconds inside the method). Arguments the driver put in the object store once for
+        several ranks arrive as ObjectRefs and are fetched here; `collect=False` (a rank whose output
+        the dispatch mode does not gather, e.g. a tp peer) returns None instead of the output."""
+        import time
+
+        args, kwargs = _resolve_refs(args, kwargs)
+        t0 = time.perf_counter()
+        out = getattr(self.roles[role], method)(*args, **kwargs)
+        return (out if collect else None), time.perf_counter() - t0
 
     def pid(self) -> int:
         return os.getpid()
@@ -76,3 +84,14 @@ class WorkerHost:
                 close()
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+def _resolve_refs(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    import ray
+
+    refs = [v for v in (*args, *kwargs.values()) if isinstance(v, ray.ObjectRef)]
+    if not refs:
+        return args, kwargs
+    values = dict(zip(refs, ray.get(refs)))
+    return (tuple(values.get(a, a) if isinstance(a, ray.ObjectRef) else a for a in args),
+            {k: values.get(v, v) if isinstance(v, ray.ObjectRef) else v for k, v in kwargs.items()})

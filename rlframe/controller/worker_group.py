@@ -14,11 +14,13 @@ a call that outlives its timeout raises instead of hanging.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Iterator
 
+from rlframe.controller import startup
 from rlframe.controller.decorator import registered_methods
 from rlframe.controller.dispatch import RankInfo, get_dispatch_mode
 from rlframe.controller.host import WorkerHost
@@ -42,6 +44,36 @@ class WorkerTimeoutError(WorkerGroupError):
 
 
 @dataclass
+class CallRecord:
+    """Where the time of one group call went (seconds), for the trainer's overhead breakdown."""
+
+    group: str
+    method: str
+    submit_s: float  # driver: split the arguments, serialize them, submit one Ray call per rank
+    answer_s: float  # from the last submit until every rank answered
+    collect_s: float  # driver: deserialize and gather the outputs
+    compute_s: float  # the slowest rank's time inside the method
+
+    @property
+    def wall_s(self) -> float:
+        return self.submit_s + self.answer_s + self.collect_s
+
+
+_recorders: list[list[CallRecord]] = []
+
+
+@contextlib.contextmanager
+def record_calls() -> Iterator[list[CallRecord]]:
+    """Collect a CallRecord for every group call gathered inside the block (in this driver)."""
+    calls: list[CallRecord] = []
+    _recorders.append(calls)
+    try:
+        yield calls
+    finally:
+        _recorders.remove(calls)
+
+
+@dataclass
 class RoleSpec:
     cls: type
     args: tuple = ()
@@ -49,41 +81,64 @@ class RoleSpec:
 
 
 def _wait_all(calls: list[tuple[RankInfo, Any]], *, timeout: float | None, what: str) -> list[tuple[RankInfo, Any]]:
-    """ray.get every (rank, ref), failing fast on the first rank that raises or dies."""
+    """ray.get every (rank, ref), failing fast on the first rank that raises or dies.
+
+    One `ray.wait` for all ranks at a time (not one per rank): it returns at once when all have
+    answered, and otherwise wakes up at growing intervals (10 ms to 1 s) to fetch what has
+    answered, so a rank that fails is reported while the others may still be stuck waiting for it.
+    """
     import ray
-    from ray.exceptions import RayActorError, RayTaskError
 
     pending = {ref: info for info, ref in calls}
     results: dict[int, tuple[RankInfo, Any]] = {}
     deadline = None if timeout is None else time.monotonic() + timeout
+    interval = 0.01
     while pending:
         remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
-        ready, _ = ray.wait(list(pending), num_returns=1, timeout=remaining)
-        if not ready:
+        step = interval if remaining is None else min(interval, remaining)
+        ready, _ = ray.wait(list(pending), num_returns=len(pending), timeout=step)
+        if ready:
+            _fetch(ready, pending, results, what=what)
+        elif remaining is not None and remaining <= step:
             ranks = sorted(info.rank for info in pending.values())
             raise WorkerTimeoutError(
                 f"{what}: ranks {ranks} did not answer within {timeout}s (a rank may be stuck in a "
                 "collective because another rank failed or took a different path); pass a larger "
                 "timeout= or check the workers' logs"
             )
-        for ref in ready:
-            info = pending.pop(ref)
-            try:
-                results[info.rank] = (info, ray.get(ref))
-            except RayActorError as err:
-                raise WorkerDiedError(f"{what}: rank {info.rank} died: {err}") from err
-            except RayTaskError as err:
-                raise WorkerCallError(
-                    f"{what}: rank {info.rank} raised {type(err.cause).__name__}: {err.cause}\n{err}"
-                ) from err
+        interval = min(1.0, interval * 2)
     return [results[r] for r in sorted(results)]
+
+
+def _fetch(ready: list, pending: dict, results: dict, *, what: str) -> None:
+    """Move the answered refs from `pending` into `results`; raise naming the rank that failed."""
+    import ray
+    from ray.exceptions import RayActorError, RayTaskError
+
+    try:
+        values = ray.get(ready)
+    except (RayActorError, RayTaskError):
+        values = None  # find the failing rank below, one ref at a time
+    for i, ref in enumerate(ready):
+        info = pending.pop(ref)
+        try:
+            results[info.rank] = (info, values[i] if values is not None else ray.get(ref))
+        except RayActorError as err:
+            raise WorkerDiedError(f"{what}: rank {info.rank} died: {err}") from err
+        except RayTaskError as err:
+            raise WorkerCallError(
+                f"{what}: rank {info.rank} raised {type(err.cause).__name__}: {err.cause}\n{err}"
+            ) from err
 
 
 class GroupFuture:
     """The pending result of a non-blocking group call; `get()` gathers it."""
 
-    def __init__(self, *, calls, collect, what: str, timeout: float | None):
+    def __init__(self, *, calls, collect, what: str, timeout: float | None, record: CallRecord | None = None,
+                 zero_copy: bool = False):
         self._calls, self._collect, self._what, self._timeout = calls, collect, what, timeout
+        self._zero_copy = zero_copy
+        self._record, self._submitted_at = record, time.perf_counter()
 
     @property
     def refs(self) -> list:
@@ -96,8 +151,21 @@ class GroupFuture:
         return len(ready) == len(self.refs)
 
     def get(self, timeout: float | None = None):
-        outs = _wait_all(self._calls, timeout=self._timeout if timeout is None else timeout, what=self._what)
-        return self._collect(outs)
+        from rlframe.protocol import receive_zero_copy
+
+        # Where the gather copies anyway (concat), outputs skip their private copy on arrival.
+        with receive_zero_copy() if self._zero_copy else contextlib.nullcontext():
+            outs = _wait_all(self._calls, timeout=self._timeout if timeout is None else timeout, what=self._what)
+        answered = time.perf_counter()
+        result = self._collect([(info, out) for info, (out, _) in outs])
+        if self._record is not None and _recorders:
+            rec = self._record
+            rec.answer_s = answered - self._submitted_at
+            rec.collect_s = time.perf_counter() - answered
+            rec.compute_s = max((t for _, (_, t) in outs), default=0.0)
+            for calls in _recorders:
+                calls.append(rec)
+        return result
 
 
 # Settings of the collective libraries that must reach every rank on every node (interface names,
@@ -109,6 +177,32 @@ def communication_env() -> dict[str, str]:
     import os
 
     return {k: v for k, v in os.environ.items() if k.startswith(COMM_ENV_PREFIXES)}
+
+
+def _put_shared(per_rank: list) -> list:
+    """Arguments that go to several ranks as the same object (a DP_COMPUTE chunk shared by tp/pp
+    peers, a ONE_TO_ALL batch) are serialized once, into the object store, and sent as a reference
+    (the host fetches it); Ray would otherwise serialize them once per rank."""
+    from rlframe.protocol import DataProto
+
+    seen: dict[int, list] = {}
+    for call in per_rank:
+        if call is not None:
+            for v in (*call[0], *call[1].values()):
+                if isinstance(v, DataProto):
+                    seen.setdefault(id(v), [v, 0])[1] += 1
+    shared = {k: v for k, (v, n) in seen.items() if n > 1}
+    if not shared:
+        return per_rank
+    import ray
+
+    refs = {k: ray.put(v) for k, v in shared.items()}
+
+    def swap(v):
+        return refs.get(id(v), v) if isinstance(v, DataProto) else v
+
+    return [None if call is None else (tuple(swap(a) for a in call[0]), {k: swap(v) for k, v in call[1].items()})
+            for call in per_rank]
 
 
 class HostSet:
@@ -142,6 +236,7 @@ class HostSet:
              for i, a in zip(infos, self.actors)],
             timeout=init_timeout_s, what=what,
         )
+        startup.mark("worker processes")
 
     @property
     def world_size(self) -> int:
@@ -175,6 +270,7 @@ class RayWorkerGroup:
         # mesh name -> RankInfo of every rank, in rank order
         self.rank_infos = {name: [infos[name] for infos in per_rank] for name in per_rank[0]}
         self._bind_methods()
+        startup.mark("roles (engines, vLLM)")
 
     @classmethod
     def colocated(cls, pool: ResourcePool, roles: dict[str, RoleSpec], *, name: str = "colocated",
@@ -218,14 +314,17 @@ class RayWorkerGroup:
             raise ValueError(f"{self.cls.__name__}.{method} is registered on mesh {reg.mesh!r}, but the "
                              f"worker declared only {sorted(self.rank_infos)}; call set_mesh(..., name={reg.mesh!r})")
         infos = self.rank_infos[reg.mesh]
-        per_rank = mode.split(args, kwargs, infos)
+        t0 = time.perf_counter()
+        per_rank = _put_shared(mode.split(args, kwargs, infos))
         calls = [
-            (info, actor.call.remote(self.role, method, *call))
+            (info, actor.call.remote(self.role, method, *call, info.collect or not mode.collect_ranks_only))
             for info, actor, call in zip(infos, self.hosts.actors, per_rank)
             if call is not None
         ]
+        record = CallRecord(self.name, method, time.perf_counter() - t0, 0.0, 0.0, 0.0)
         fut = GroupFuture(calls=calls, collect=mode.collect, what=self._what(method),
-                          timeout=self.default_timeout if timeout is None else timeout)
+                          timeout=self.default_timeout if timeout is None else timeout, record=record,
+                          zero_copy=mode.copies_outputs)
         is_blocking = reg.blocking if blocking is None else blocking
         return fut.get() if is_blocking else fut
 

@@ -46,6 +46,21 @@ def test_dp_compute_on_a_second_mesh(echo4):
     assert out.batch["x"].tolist() == list(range(8))
 
 
+def test_one_batch_for_all_ranks_and_call_records(echo4):
+    """A DataProto sent to every rank (put in the object store once) arrives whole on each; the
+    call's record splits its time into driver work, answer wait and the workers' compute."""
+    from rlframe.controller.worker_group import record_calls
+
+    data = DataProto.from_dict(tensors={"x": torch.arange(6)})
+    with record_calls() as calls:
+        out = echo4.whoami(data)
+        echo4.double(DataProto.from_dict(tensors={"x": torch.arange(4)}))
+    assert [o[0] for o in out] == [0, 1, 2, 3] and all(o[3].batch["x"].tolist() == list(range(6)) for o in out)
+    assert [c.method for c in calls] == ["whoami", "double"]
+    for c in calls:
+        assert 0 <= c.compute_s <= c.answer_s and c.submit_s >= 0 and c.collect_s >= 0
+
+
 def test_all_reduce_across_four_processes(echo4):
     assert echo4.all_reduce_rank() == [10.0] * 4
     assert len(set(echo4.pid())) == 4

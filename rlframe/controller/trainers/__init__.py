@@ -37,15 +37,19 @@ def run_training(cfg: RunConfig, *, config_name: str = "") -> dict:
 
     import yaml
 
+    from rlframe.controller import startup
     from rlframe.controller.ray_utils import start_ray_for_run
     from rlframe.controller.trainers.restart import fit_with_restarts
 
     run_dir = Path(cfg.trainer.output_dir) / cfg.trainer.experiment
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.yaml").write_text(yaml.safe_dump({"config_name": config_name, **to_dict(cfg)}, sort_keys=False))
+    startup.reset()
+    startup.mark("python, imports, config")
     # Workers import user modules (custom workers, algorithms) from where the job was started.
     start_ray_for_run(cfg, runtime_env={"env_vars": {"PYTHONPATH": os.pathsep.join(
         p for p in (os.getcwd(), os.environ.get("PYTHONPATH", "")) if p)}})
+    startup.mark("ray")
     t0 = time.perf_counter()
     # A worker process that dies is reported, its groups restarted and the run resumed (restart.py).
     summary = fit_with_restarts(cfg, trainer_cls=trainer_class(cfg), run_dir=run_dir)

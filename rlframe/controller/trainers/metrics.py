@@ -47,3 +47,26 @@ def throughput(batch, *, step_time: float, world_size: int) -> dict[str, float]:
     tokens = int(batch.batch["attention_mask"].sum())
     return {"perf/total_num_tokens": tokens, "perf/time_per_step": step_time,
             "perf/throughput": tokens / step_time / world_size}
+
+
+def overhead(calls, *, step_time: float) -> dict[str, float]:
+    """A step's time outside the workers' compute, by cause (issue: the control plane's cost).
+
+    `calls` are the step's CallRecords (rlframe.controller.worker_group.record_calls):
+    - timing_s/workers_compute: sum over calls of the slowest rank's time inside the method;
+    - timing_s/overhead/submit: splitting, serializing and submitting the calls on the driver;
+    - timing_s/overhead/rpc: waiting beyond the slowest rank's compute (Ray scheduling, transfer
+      of arguments and results, deserialization in the workers, ranks waiting for each other);
+    - timing_s/overhead/collect: deserializing and gathering outputs on the driver;
+    - timing_s/overhead/driver: the driver's own work between calls (reward scoring, advantages,
+      batch operations, metrics);
+    - timing_s/overhead/total: the step minus the workers' compute (the sum of the four).
+    """
+    compute = sum(c.compute_s for c in calls)
+    submit = sum(c.submit_s for c in calls)
+    rpc = sum(max(0.0, c.answer_s - c.compute_s) for c in calls)
+    collect = sum(c.collect_s for c in calls)
+    driver = max(0.0, step_time - sum(c.wall_s for c in calls))
+    return {"timing_s/workers_compute": compute, "timing_s/overhead/submit": submit, "timing_s/overhead/rpc": rpc,
+            "timing_s/overhead/collect": collect, "timing_s/overhead/driver": driver,
+            "timing_s/overhead/total": max(0.0, step_time - compute)}

@@ -25,13 +25,15 @@ from rlframe.algos.dapo import filter_groups_by_reward_variance
 from rlframe.algos.kl import make_kl_controller
 from rlframe.config.build import to_dict
 from rlframe.config.schema import RunConfig
+from rlframe.controller import startup
 from rlframe.controller.trainers import phases
 from rlframe.controller.trainers.checkpoint import CheckpointManager, driver_rng_state, restore_driver_rng
-from rlframe.controller.trainers.metrics import batch_metrics, gathered, throughput
+from rlframe.controller.trainers.metrics import batch_metrics, gathered, overhead, throughput
 from rlframe.controller.trainers.prepare import build_data, model_path
 from rlframe.controller.trainers.roles import build_roles
 from rlframe.controller.trainers.tracking import Tracker, format_console, progress, say
 from rlframe.controller.trainers.validation import validate
+from rlframe.controller.worker_group import record_calls
 from rlframe.data.dataloader import to_dataproto
 from rlframe.protocol import DataProto
 from rlframe.rewards.manager import RewardManager
@@ -48,6 +50,7 @@ class PPOTrainer:
         self.actor_path = model_path(cfg)
         self.tokenizer = AutoTokenizer.from_pretrained(self.actor_path)
         self.loader, self.val_set = build_data(cfg, self.tokenizer)
+        startup.mark("model, tokenizer, data")
         say(f"data: {len(self.loader.dataset)} train prompts, {len(self.val_set) if self.val_set else 0} held out")
         spec = RewardFnSpec(path=cfg.reward.function_path, name=cfg.reward.function_name) \
             if cfg.reward.function_path else None
@@ -68,13 +71,19 @@ class PPOTrainer:
     def fit(self) -> dict:
         cfg = self.cfg.trainer
         self.resume()
+        startup.mark("checkpoint resume")
         if self.step == 0 and cfg.val_every > 0:
             val = self.validate()
             self.tracker.log(val, step=0)
             say(format_console(0, cfg.total_steps, val))
+            startup.mark("validation at step 0")
+        say(startup.summary())
+        first = self.step + 1
         bar = progress(total=cfg.total_steps, initial=self.step, enabled=cfg.progress_bar)
         for self.step in range(self.step + 1, cfg.total_steps + 1):
             metrics = self.train_step()
+            if self.step == first:  # the start-up stages, once, with the first step's metrics
+                metrics.update(startup.metrics())
             if cfg.val_every > 0 and (self.step % cfg.val_every == 0 or self.step == cfg.total_steps):
                 metrics.update(self.validate())
             self.tracker.log(metrics, step=self.step)
@@ -87,7 +96,7 @@ class PPOTrainer:
     def train_step(self) -> dict:
         t: dict[str, float] = {}
         alg, m = self.cfg.algorithm, {}
-        with timed(t, "step"):
+        with record_calls() as calls, timed(t, "step"):
             with timed(t, "gen"):
                 batch, gen_m = self.rollout(self.next_prompts())
             with timed(t, "reward"):
@@ -120,6 +129,7 @@ class PPOTrainer:
         m.update({**gen_m, **reward_m, **adv_m, **t, **phases.logprob_consistency(batch),
                   **batch_metrics(batch, response_length=self.cfg.data.response_length),
                   **throughput(batch, step_time=t["timing_s/step"], world_size=self.roles.actor.world_size),
+                  **overhead(calls, step_time=t["timing_s/step"]),
                   "actor/kl_coef": self.kl_ctrl.value})
         return m
 

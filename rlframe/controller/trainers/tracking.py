@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import json
 import math
+import time
 from pathlib import Path
 
 from rlframe.controller.trainers.nonfinite import NonFiniteGuard
 
 SINKS = ("console", "jsonl", "tensorboard", "wandb", "mlflow")
+PLOT_EVERY_S = 30.0  # curves.png is redrawn at most this often during a run, and at its end
 PLOTTED = (("critic/score/mean", "reward (mean score)"), ("val/accuracy", "held-out accuracy"),
            ("response_length/mean", "response length"), ("actor/reference_kl", "KL(policy || reference)"))
 
@@ -38,6 +40,7 @@ class Tracker:
             raise ValueError(f"trainer.loggers has unknown sinks {unknown}; choose from {SINKS}")
         self.run_dir, self.sinks, self.plot_enabled = Path(run_dir), list(sinks), plot
         self.history: list[dict] = []
+        self._plotted_at = -float("inf")
         self.jsonl = self.run_dir / "metrics.jsonl"
         self.guard = NonFiniteGuard(max_in_a_row=(config.get("trainer") or {}).get("max_nonfinite_steps"))
         self._tb = self._wandb = self._mlflow = None
@@ -85,8 +88,10 @@ class Tracker:
             import mlflow
 
             mlflow.log_metrics({k.replace("@", "_at_"): v for k, v in row.items() if k != "step"}, step=step)
-        if self.plot_enabled:
+        # Redrawing costs about 0.15 s: at most every PLOT_EVERY_S while running, and once at close().
+        if self.plot_enabled and time.monotonic() - self._plotted_at >= PLOT_EVERY_S:
             self.plot()
+            self._plotted_at = time.monotonic()
         self.guard.raise_if_exceeded()
 
     def plot(self) -> None:
@@ -113,6 +118,8 @@ class Tracker:
         tmp.replace(self.run_dir / "curves.png")
 
     def close(self) -> None:
+        if self.plot_enabled:
+            self.plot()
         if self._tb is not None:
             self._tb.close()
         if self._wandb is not None:

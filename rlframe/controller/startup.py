@@ -1,0 +1,62 @@
+"""Where the time from `python -m rlframe.main` to the first training step goes.
+
+The driver marks the end of each start-up stage with `mark(name)`; `breakdown()` turns the marks
+into seconds per stage, counted from the process's own start (so interpreter start-up and imports
+are included). The trainer prints `summary()` before its first step and logs the stages as
+`timing_s/startup/<stage>` with step 1's metrics.
+
+    mark("ray")            # after Ray started
+    mark("worker processes")
+    print(summary())       # "start-up 14.2 s: python, imports and config 3.1, ray 4.0, ..."
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+
+_marks: list[tuple[str, float]] = []
+
+
+def process_start() -> float:
+    """This process's start time (seconds since the epoch)."""
+    try:
+        import psutil
+
+        return float(psutil.Process(os.getpid()).create_time())
+    except Exception:  # no psutil: count from the first mark instead
+        return _marks[0][1] if _marks else time.time()
+
+
+def mark(stage: str) -> None:
+    """The stage `stage` ended now (stages are named after what happened since the previous mark)."""
+    _marks.append((stage, time.time()))
+
+
+def reset() -> None:
+    _marks.clear()
+
+
+def breakdown() -> dict[str, float]:
+    """Seconds per stage, in order, from the process start; a repeated stage name adds up."""
+    out: dict[str, float] = {}
+    prev = process_start()
+    for stage, at in _marks:
+        out[stage] = out.get(stage, 0.0) + max(0.0, at - prev)
+        prev = at
+    return out
+
+
+def summary() -> str:
+    stages = breakdown()
+    parts = ", ".join(f"{k} {v:.1f}" for k, v in stages.items())
+    return f"start-up {sum(stages.values()):.1f} s: {parts}"
+
+
+def metrics() -> dict[str, float]:
+    """`timing_s/startup/<stage>` (stage names as metric-safe words) and `timing_s/startup/total`."""
+    stages = breakdown()
+    out = {f"timing_s/startup/{re.sub(r'[^a-z0-9]+', '_', k.lower()).strip('_')}": v for k, v in stages.items()}
+    out["timing_s/startup/total"] = sum(stages.values())
+    return out
