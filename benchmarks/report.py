@@ -81,3 +81,27 @@ def write_section(section: str, body: str, *, path: Path = BENCHMARKS_MD) -> Non
     else:
         new = old[:span[0]] + text + old[span[1]:]
     path.write_text(new if new.endswith("\n") else new + "\n")
+
+
+def matmul_gflops(*, seconds: float = 1.5, threads: int = 2, n: int = 1024) -> float:
+    """The machine's fp32 matmul rate now: best GFLOP/s of (n x n) @ (n x n) with `threads` torch
+    threads over about `seconds` (the ceiling that model FLOP rates are compared with)."""
+    import torch
+
+    old = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    a @ b
+    best, end = 0.0, time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        t0 = time.perf_counter()
+        for _ in range(4):
+            a @ b
+        best = max(best, 4 * 2 * n**3 / (time.perf_counter() - t0) / 1e9)
+    torch.set_num_threads(old)
+    return best
+
+
+def machine_state() -> dict[str, float]:
+    """1-minute load average and the fp32 matmul rate (2 threads), to print with every measurement."""
+    return {"load1": os.getloadavg()[0], "gflops": matmul_gflops()}

@@ -39,7 +39,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from report import markdown_table, write_section  # noqa: E402
+from report import machine_state, markdown_table, write_section  # noqa: E402
 
 TRL_VENV = Path(os.environ.get("RLFRAME_TRL_VENV", "~/.cache/rlframe/trl-venv")).expanduser()
 TRL_PACKAGES = ["torch==2.13.0", "trl==1.16.0"]
@@ -64,29 +64,6 @@ WORKLOADS = {
     "12m": Workload("12m", "12m", pretrained=False, new_tokens=16, lr=1e-5, steps=8, warmup=2, evaluate=False),
     "demo": Workload("demo", "demo", pretrained=True, new_tokens=8, lr=1e-4, steps=40, warmup=3, evaluate=True),
 }
-
-
-# ---- the machine --------------------------------------------------------------------------------
-def matmul_gflops(seconds: float = 1.5, threads: int = 2) -> float:
-    """fp32 GEMM rate with `threads` torch threads (1024^3 matmuls, best of a few batches)."""
-    import torch
-
-    old = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    a, b = torch.randn(1024, 1024), torch.randn(1024, 1024)
-    a @ b
-    best, end = 0.0, time.perf_counter() + seconds
-    while time.perf_counter() < end:
-        t0 = time.perf_counter()
-        for _ in range(4):
-            a @ b
-        best = max(best, 4 * 2 * 1024**3 / (time.perf_counter() - t0) / 1e9)
-    torch.set_num_threads(old)
-    return best
-
-
-def machine_state() -> dict:
-    return {"load1": os.getloadavg()[0], "gflops": matmul_gflops()}
 
 
 # ---- TRL's environment --------------------------------------------------------------------------
@@ -170,13 +147,16 @@ def rlframe_overrides(w: Workload, data: dict, layout: str, run_dir: Path) -> li
             *LAYOUTS[layout]]
 
 
-def run_rlframe(w: Workload, data: dict, work: Path, layout: str) -> dict:
+def run_rlframe(w: Workload, data: dict, work: Path, layout: str, src: Path = ROOT, label: str = "rlframe") -> dict:
+    """One run of `python -m rlframe.main` from the source tree `src` (another commit's, for before/after)."""
     run_dir = work / f"rlframe-{w.name}-{time.monotonic_ns()}"
     cmd = [sys.executable, "-m", "rlframe.main", "--config-name", "grpo_tiny",
            *rlframe_overrides(w, data, layout, run_dir)]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, (str(src), os.environ.get("PYTHONPATH"))))}
     t0 = time.time()
     step1_end, log = None, []
-    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=str(ROOT)) as p:
+    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=str(src),
+                          env=env) as p:
         for line in p.stdout:
             log.append(line)
             if step1_end is None and re.search(rf"step 1/{w.steps}\b", line):
@@ -186,14 +166,15 @@ def run_rlframe(w: Workload, data: dict, work: Path, layout: str) -> dict:
     rows = [json.loads(x) for x in (run_dir / "bench" / "metrics.jsonl").read_text().splitlines() if x.strip()]
     rows = [r for r in rows if "timing_s/step" in r]
     steps = [r["timing_s/step"] for r in rows][w.warmup:]
-    phases = {k: [r.get(f"timing_s/{k}", 0.0) for r in rows][w.warmup:] for k in RLFRAME_PHASES}
-    phases["other"] = [s - sum(phases[k][i] for k in RLFRAME_PHASES if k != "update_weights")
-                       for i, s in enumerate(steps)]
+    phases = {k: [r.get(f"timing_s/{k}", 0.0) for r in rows][w.warmup:] for k in RLFRAME_PHASES
+              if any(f"timing_s/{k}" in r for r in rows)}  # old_log_prob is skipped when on-policy
+    phases["other"] = [r.get("timing_s/overhead/total", float("nan")) for r in rows][w.warmup:]
     vals = [r["val/accuracy"] for r in _val_rows(run_dir)]
     first_step = rows[0]["timing_s/step"]
-    return {"system": "rlframe", "layout": layout, "step": steps,
+    return {"system": label, "layout": layout, "step": steps,
             "tokens": [r["perf/total_num_tokens"] for r in rows][w.warmup:], "phases": phases,
-            "startup": (step1_end - first_step) if step1_end else float("nan"), "first_step": first_step,
+            "startup": rows[0].get("timing_s/startup/total", (step1_end or float("nan")) - first_step),
+            "first_step": first_step,
             "wall": time.time() - t0, "acc": (vals[0], vals[-1]) if len(vals) >= 2 else (None, None),
             "overhead": _overhead_breakdown(rows[w.warmup:])}
 
@@ -236,14 +217,20 @@ def summarize(runs: list[dict], *, params: int, gflops: float, evaluate: bool) -
     return rows, floor
 
 
-def run_workload(w: Workload, *, repeats: int, layouts: list[str], trl_python: Path, work: Path) -> str:
+def run_workload(w: Workload, *, repeats: int, layouts: list[str], trl_python: Path, work: Path,
+                 baseline: tuple[str, Path] | None = None) -> str:
     data = prepare(w, work)
     before = machine_state()
     print(f"[{w.name}] load {before['load1']:.1f}, matmul {before['gflops']:.0f} GFLOP/s", flush=True)
     runs = []
     for rep in range(repeats):
-        for system in ["trl", *layouts]:
-            r = run_trl(trl_python, w, data, work) if system == "trl" else run_rlframe(w, data, work, system)
+        for system in ["trl", *layouts, *(["baseline"] if baseline else [])]:
+            if system == "trl":
+                r = run_trl(trl_python, w, data, work)
+            elif system == "baseline":
+                r = run_rlframe(w, data, work, layouts[0], src=baseline[1], label=f"rlframe @ {baseline[0]}")
+            else:
+                r = run_rlframe(w, data, work, system)
             runs.append(r)
             print(f"[{w.name}] run {rep + 1}/{repeats} {r['system']} {r['layout']}: median s/step "
                   f"{med(r['step']):.3f}, start-up {r['startup']:.1f} s, load {os.getloadavg()[0]:.1f}"
@@ -262,11 +249,21 @@ def run_workload(w: Workload, *, repeats: int, layouts: list[str], trl_python: P
     return note + "\n\n" + markdown_table(header, rows)
 
 
+def checkout(commit: str, dest: Path) -> Path:
+    """The repository's files as of `commit`, extracted to `dest` (the working tree is not touched)."""
+    dest.mkdir(parents=True)
+    archive = subprocess.run(["git", "-C", str(ROOT), "archive", commit], check=True, capture_output=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(dest)], input=archive, check=True)
+    return dest
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--workloads", default="12m,demo", help=f"comma-separated, of {sorted(WORKLOADS)}")
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--layouts", default="dp2", help=f"rlframe layouts, comma-separated, of {sorted(LAYOUTS)}")
+    ap.add_argument("--baseline", default=None, metavar="COMMIT",
+                    help="also run rlframe as of COMMIT (git archive into a temp dir), e.g. for before/after")
     ap.add_argument("--steps", type=int, default=None, help="override every workload's steps (quick checks)")
     ap.add_argument("--no-write", action="store_true")
     args = ap.parse_args()
@@ -279,13 +276,16 @@ def main() -> None:
         WORKLOADS.update({n: replace(w, steps=args.steps, warmup=min(w.warmup, args.steps - 1))
                           for n, w in WORKLOADS.items()})
     with tempfile.TemporaryDirectory(prefix="rlframe-vs-trl-") as tmp:
+        baseline = (args.baseline, checkout(args.baseline, Path(tmp) / "baseline")) if args.baseline else None
         bodies = [run_workload(WORKLOADS[n], repeats=args.repeats, layouts=layouts, trl_python=trl_python,
-                               work=Path(tmp)) for n in names]
-    command = f"python benchmarks/vs_trl.py --workloads {args.workloads} --repeats {args.repeats} --layouts {args.layouts}"
+                               work=Path(tmp), baseline=baseline) for n in names]
+    command = (f"python benchmarks/vs_trl.py --workloads {args.workloads} --repeats {args.repeats} --layouts "
+               f"{args.layouts}" + (f" --baseline {args.baseline}" if args.baseline else ""))
     body = (f"Reproduce: `{command}` (measured {time.strftime('%Y-%m-%d')}; TRL 1.16.0 in its own venv).\n"
             "Phases: TRL `gen` = generation + reward + advantages, `train` = the rest of the step; rlframe "
-            "`gen` includes the weight sync (`update_weights`, also shown alone), `other` = step minus its "
-            "phases (driver work). Start-up = process launch to the first step's start.\n\n" + "\n\n".join(bodies))
+            "`gen` includes the weight sync (`update_weights`, also shown alone), `other` = the step's time "
+            "outside the workers' compute (`timing_s/overhead/total`: driver work, serialization, RPCs). Start-up = "
+            "process launch to the first step's start (rlframe: `timing_s/startup/total`).\n\n" + "\n\n".join(bodies))
     print(body)
     if not args.no_write:
         write_section(SECTION, body)

@@ -48,15 +48,21 @@ class _VocabParallelLogProb(torch.autograd.Function):
         ctx.save_for_backward(z, log_z, mean_z, local, in_slice)
         ctx.logits_dtype = logits.dtype
         ctx.with_entropy = with_entropy
+        # An output the loss does not use (entropy only logged) gets None, not a zero tensor, so its
+        # (N, V/tp) backward term is skipped.
+        ctx.set_materialize_grads(False)
         return log_prob, entropy
 
     @staticmethod
     def backward(ctx, grad_log_prob, grad_entropy):
         z, log_z, mean_z, local, in_slice = ctx.saved_tensors
         probs = (z - log_z.unsqueeze(-1)).exp()
-        grad = -probs * grad_log_prob.unsqueeze(-1)
-        rows = torch.nonzero(in_slice, as_tuple=True)[0]
-        grad[rows, local[rows]] += grad_log_prob[rows]
+        if grad_log_prob is not None:
+            grad = -probs * grad_log_prob.unsqueeze(-1)
+            rows = torch.nonzero(in_slice, as_tuple=True)[0]
+            grad[rows, local[rows]] += grad_log_prob[rows]
+        else:
+            grad = torch.zeros_like(probs)
         if ctx.with_entropy and grad_entropy is not None:
             grad = grad - grad_entropy.unsqueeze(-1) * probs * (z - mean_z.unsqueeze(-1))
         return grad.to(ctx.logits_dtype), None, None, None, None

@@ -27,3 +27,18 @@ def test_values_and_gradients_match_log_softmax():
     assert torch.allclose(ent, ref_ent, atol=1e-12)
     assert torch.allclose(g, ref_g, atol=1e-12)
 
+
+
+def test_gradients_when_only_one_output_is_used():
+    """Entropy only logged (or only entropy trained): the unused output's backward term is skipped
+    and the gradient equals log_softmax's."""
+    torch.manual_seed(1)
+    logits = torch.randn(5, 9, dtype=torch.float64, requires_grad=True)
+    labels = torch.randint(0, 9, (5,))
+    logp = torch.log_softmax(logits, -1)
+    ref = {"log_probs": logp.gather(-1, labels[:, None]).sum(), "entropy": -(logp.exp() * logp).sum()}
+    for used, index in (("log_probs", 0), ("entropy", 1)):
+        out = vocab_parallel_log_probs(logits, labels, vocab_start=0, with_entropy=True)
+        (g,) = torch.autograd.grad(out[index].sum(), logits)
+        (ref_g,) = torch.autograd.grad(ref[used], logits, retain_graph=True)
+        assert torch.allclose(g, ref_g, atol=1e-12), used
