@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import argparse
 
-from report import machine_line, markdown_table, median_seconds, write_section
+from report import machine_line, machine_state, markdown_table, median_seconds, write_section
 
 from rlframe.controller import Dispatch, RayWorkerGroup, ResourcePool, Worker, register
 from rlframe.controller.ray_utils import init_local_ray
@@ -32,6 +32,7 @@ def main() -> None:
     args = p.parse_args()
     import torch
 
+    before = machine_state()
     init_local_ray()
     batch = DataProto.from_dict(tensors={"input_ids": torch.zeros(64, 128, dtype=torch.long)})
     rows = []
@@ -43,11 +44,14 @@ def main() -> None:
         rows.append([n, f"{noop * 1e3:.2f}", f"{echo * 1e3:.2f}"])
         group.shutdown()
         pool.release()
+    after = machine_state()
+    load = (f"1-minute load average {before['load1']:.1f} before, {after['load1']:.1f} after; fp32 matmul "
+            f"{before['gflops']:.0f} / {after['gflops']:.0f} GFLOP/s (2 threads).")
     md = markdown_table(["workers", "no-op call, median ms", "DP_COMPUTE echo of 64x128 ids, median ms"], rows)
     print(md)
     if not args.no_write:
         write_section("## Controller call overhead", f"Reproduce: `python benchmarks/controller_overhead.py`\n"
-                      f"{machine_line()} Median of {args.calls} calls after 5 warm-up calls.\n\n{md}")
+                      f"{machine_line()} {load} Median of {args.calls} calls after 5 warm-up calls.\n\n{md}")
 
 
 if __name__ == "__main__":

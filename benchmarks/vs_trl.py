@@ -196,6 +196,10 @@ def med(xs) -> float:
     return statistics.median(xs) if xs else float("nan")
 
 
+def _fmt(x: float) -> str:
+    return "-" if x != x else f"{x:.2f}"  # NaN: the run did not report it (an older rlframe)
+
+
 def summarize(runs: list[dict], *, params: int, gflops: float, evaluate: bool) -> tuple[list[list], float]:
     groups: dict[tuple, list[dict]] = {}
     for r in runs:
@@ -206,7 +210,7 @@ def summarize(runs: list[dict], *, params: int, gflops: float, evaluate: bool) -
     for (system, layout), rs in groups.items():
         per_run = [med(r["step"]) for r in rs]
         step = med(per_run)
-        phases = ", ".join(f"{k} {med([med(r['phases'][k]) for r in rs]):.2f}" for k in rs[0]["phases"])
+        phases = ", ".join(f"{k} {_fmt(med([med(r['phases'][k]) for r in rs]))}" for k in rs[0]["phases"])
         row = [system, layout, f"{step:.2f} ({', '.join(f'{s:.2f}' for s in per_run)})",
                f"{med([t for r in rs for t in r['tokens']]) / step:,.0f}", phases, f"{floor / step:.0%}",
                f"{med([r['startup'] for r in rs]):.1f}"]
