@@ -54,7 +54,7 @@ def test_typo_in_key_suggests_the_right_one():
 
 
 def test_megatron_runs_on_cpu():
-    validate(load_config("ppo_tiny", ["actor.strategy=megatron", "critic.strategy=megatron", "ref.strategy=megatron"]))
+    validate(load_config("ppo_tiny", ["actor.strategy=megatron", "critic.strategy=megatron"]))
 
 
 @pytest.mark.parametrize("override,expect", [

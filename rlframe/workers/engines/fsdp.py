@@ -32,7 +32,7 @@ from rlframe.workers.engines.optim import (
 )
 from rlframe.workers.engines.packing import pack_inputs, padded_inputs, response_slice
 from rlframe.workers.engines.parallelize import (
-    apply_fsdp, apply_tensor_parallel, build_mesh, check_mesh, check_model_fits, decoder_layers,
+    apply_fsdp, apply_tensor_parallel, build_mesh, check_mesh, check_model_fits, decoder_layers, reshard_all,
 )
 from rlframe.workers.engines.shards import local_shards
 from rlframe.workers.engines.vocab_parallel import token_log_probs
@@ -116,8 +116,9 @@ class FSDPTrainEngine(BatchedForward, TrainEngine):
                        max_tokens=None) -> dict[str, torch.Tensor]:
         mbs = self._plan(batch, micro_batch_size=micro_batch_size, max_tokens=max_tokens)
         per_mb = [self._forward(mb.data, temperature=temperature, with_entropy=with_entropy)[0] for mb in mbs]
-        # Without a backward, FSDP2 leaves the root's parameters unsharded after forward.
-        self.model.reshard()
+        # Without a backward, FSDP2 leaves the root's (and, gathering once, every layer's) parameters
+        # unsharded after forward.
+        reshard_all(self.model)
         return {k: restore_order([o[k] for o in per_mb], mbs).float().cpu() for k in per_mb[0]}
 
     # ---- training ------------------------------------------------------------------------
@@ -165,7 +166,7 @@ class FSDPTrainEngine(BatchedForward, TrainEngine):
 
     # ---- layout, checkpoints, export -------------------------------------------------------
     def local_shards(self):
-        self.model.reshard()  # report the sharded (training) layout, never a transient all-gather
+        reshard_all(self.model)  # report the sharded (training) layout, never a transient all-gather
         return local_shards(self.model)
 
     def layout(self) -> dict[str, Any]:

@@ -119,3 +119,13 @@ def apply_fsdp(model, dp_mesh: DeviceMesh, *, mixed_precision: bool, reshard_aft
     for layer in decoder_layers(model):
         fully_shard(layer, **kwargs)
     fully_shard(model, **kwargs)
+
+
+def reshard_all(model) -> None:
+    """Free every FSDP module's gathered parameters (the root's `reshard()` frees only its own group;
+    layers kept gathered by reshard_after_forward=False would stay full after a no-grad forward)."""
+    from torch.distributed.fsdp import FSDPModule
+
+    for module in model.modules():
+        if isinstance(module, FSDPModule):
+            module.reshard()

@@ -100,6 +100,8 @@ def _check_layout(path, head, dp, tp, world, batch, ref, errors, tag, **override
         out = engine.forward_log_probs(mine, with_entropy=True)
         errors[f"{tag}/log_probs"] = max_abs_diff(out["log_probs"], ref["out"]["log_probs"][rows], mask)
         errors[f"{tag}/entropy"] = max_abs_diff(out["entropy"], ref["out"]["entropy"][rows], mask)
+        # a forward without backward leaves the sharded layout for the weight sync that follows it
+        errors[f"{tag}/shards_after_forward"] = _box_errors(engine, ref["init"])
         metrics = engine.train_step(policy_loss, mine, with_entropy=True)
     else:
         out = engine.forward_values(mine)
