@@ -58,8 +58,9 @@ class PPOTrainer:
         alg = cfg.algorithm
         self.kl_ctrl = make_kl_controller(kind="adaptive" if alg.kl_target else "fixed", kl_coef=alg.kl_coef,
                                           target_kl=alg.kl_target, horizon=alg.kl_horizon)
+        critic = f", critic {_layout_text(cfg.critic)}" if cfg.uses_critic else ""
         say(f"starting worker groups ({cfg.resources.placement}, {cfg.resources.nodes * cfg.resources.procs_per_node} "
-            f"processes): actor dp={cfg.actor.dp} tp={cfg.actor.tp}, rollout {cfg.rollout.backend} tp={cfg.rollout.tp}")
+            f"processes): actor {_layout_text(cfg.actor)}{critic}, rollout {cfg.rollout.backend} tp={cfg.rollout.tp}")
         self.roles = build_roles(cfg, actor_path=self.actor_path, critic_path=cfg.model.critic_path or self.actor_path)
         self.replicas = self.roles.actor.world_size // cfg.rollout.tp
         self.tracker = Tracker(self.run_dir, sinks=cfg.trainer.loggers, experiment=cfg.trainer.experiment,
@@ -236,3 +237,7 @@ class PPOTrainer:
     def close(self) -> None:
         self.roles.shutdown()
         self.reward.close()
+
+
+def _layout_text(role) -> str:
+    return f"{role.strategy} dp={role.dp} tp={role.tp}" + (f" pp={role.pp}" if role.pp > 1 else "")

@@ -15,6 +15,8 @@ from pathlib import Path
 
 import torch
 
+from rlframe.workers.engines.value_head import VALUE_HEAD, fresh_value_head
+
 
 def check_model_dir(path: str) -> Path:
     p = Path(path)
@@ -58,22 +60,35 @@ def load_model(path: str, *, head: str, seed: int, attn_implementation: str = "s
     from transformers.utils import logging as hf_logging
 
     check_model_dir(path)
-    # Same seed on every rank: weights missing from the checkpoint (the critic's score) agree.
     torch.manual_seed(seed)
-    kwargs = dict(dtype=torch.float32, attn_implementation=attn_implementation)
+    kwargs = dict(dtype=torch.float32, attn_implementation=attn_implementation, output_loading_info=True)
     verbosity = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()  # "score weights newly initialised" is expected for a critic
     try:
         if head == "lm":
-            model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
+            model, info = AutoModelForCausalLM.from_pretrained(path, **kwargs)
         else:
-            model = AutoModelForTokenClassification.from_pretrained(path, num_labels=1, **kwargs)
+            model, info = AutoModelForTokenClassification.from_pretrained(path, num_labels=1, **kwargs)
     finally:
         hf_logging.set_verbosity(verbosity)
+    init_missing_value_head(model, missing=info["missing_keys"], seed=seed)
     _disable_dropout(model)
     model.config.use_cache = False
     model.train()
     return model
+
+
+def init_missing_value_head(model, *, missing, seed: int) -> None:
+    """A critic whose checkpoint has no `score` gets the value head every engine and rank draws
+    from `seed` (value_head.py)."""
+    missing = set(missing) & set(VALUE_HEAD)
+    if not missing:
+        return
+    params = dict(model.named_parameters())
+    with torch.no_grad():
+        for name, t in fresh_value_head(model.config.hidden_size, seed=seed).items():
+            if name in missing:
+                params[name].copy_(t)
 
 
 def _disable_dropout(model) -> None:

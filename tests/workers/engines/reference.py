@@ -56,10 +56,14 @@ def value_loss(outputs, mb):
 def build_reference(path: str, *, head: str, state_dict=None):
     from transformers import AutoModelForCausalLM, AutoModelForTokenClassification
 
+    from rlframe.workers.engines.modeling import init_missing_value_head
+
     if head == "lm":
         model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     else:
-        model = AutoModelForTokenClassification.from_pretrained(path, num_labels=1, dtype=torch.float32)
+        model, info = AutoModelForTokenClassification.from_pretrained(path, num_labels=1, dtype=torch.float32,
+                                                                      output_loading_info=True)
+        init_missing_value_head(model, missing=info["missing_keys"], seed=0)  # as the engines (seed 0)
     if state_dict is not None:
         model.load_state_dict(state_dict)
     model.config.use_cache = False

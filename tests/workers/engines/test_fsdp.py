@@ -114,7 +114,6 @@ def _check_layout(path, head, dp, tp, world, batch, ref, errors, tag, **override
 
 
 def _reference(path, head, batch):
-    torch.manual_seed(0)  # the engine seeds the critic's new score head the same way
     model = build_reference(path, head=head)
     init = {k: v.detach().clone() for k, v in model.state_dict().items()}
     with torch.no_grad():

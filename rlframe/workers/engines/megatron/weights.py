@@ -17,9 +17,7 @@ import torch
 from rlframe.resharding.box import Box
 from rlframe.resharding.formats import ModelDims, hf_param_shapes, hf_to_megatron, megatron_to_hf
 from rlframe.resharding.layout import Layout
-
-VALUE_HEAD = ("score.weight", "score.bias")
-
+from rlframe.workers.engines.value_head import VALUE_HEAD, fresh_value_head
 
 def hf_shapes(dims: ModelDims, *, head: str) -> dict[str, tuple[int, ...]]:
     """HF parameter names -> global shapes of the model with this head (critic: `score` for lm_head)."""
@@ -117,11 +115,10 @@ def load_hf_weights(model, *, model_path: str, dims: ModelDims, head: str, layou
     fresh = [n for n in boxes if n not in hf]
     if any(n not in VALUE_HEAD for n in fresh):
         raise ValueError(f"{model_path!r} lacks parameters {[n for n in fresh if n not in VALUE_HEAD][:5]}")
-    if fresh:  # identical on every rank: the head is replicated over tp and dp
-        gen = torch.Generator().manual_seed(seed)
-        bound = dims.hidden_size ** -0.5  # nn.Linear's default range
+    if fresh:  # identical on every rank (the head is replicated over tp and dp) and to the fsdp engine's
+        head_init = fresh_value_head(dims.hidden_size, seed=seed)
         for n in fresh:
-            hf[n] = (torch.rand(boxes[n][0], generator=gen) * 2 - 1) * bound
+            hf[n] = head_init[n]
     state = hf_to_megatron(hf, dims=dims, tp=layout.tp, pp=layout.pp, pp_rank=pp_rank, spec="local", head=head)
     load_megatron_state(model, state)
     return fresh
