@@ -95,7 +95,7 @@ RANGES: dict[str, Rule] = {
     "rollout.val_n": POSITIVE_INT,
     "rollout.max_num_seqs": POSITIVE_INT,
     "rollout.gpu_memory_utilization": within(0, 1, open_lo=True, why=" (a fraction of GPU memory)"),
-    "rollout.kv_cache_bytes": at_least(1 << 20, " (1 MiB; null: from gpu_memory_utilization)"),
+    "rollout.kv_cache_bytes": at_least(1 << 20, " (1 MiB; null: 256 MiB on CPU, on GPU what gpu_memory_utilization leaves after the weights)"),
     "rollout.bucket_bytes": at_least(1 << 20, " (1 MiB; weights move in buckets of this size)"),
     "reward.num_workers": at_least(0, " (0: score in the driver)"),
     "resources.nodes": POSITIVE_INT,

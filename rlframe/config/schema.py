@@ -114,7 +114,7 @@ class RolloutSection:
     val_n: int = 1  # samples per validation prompt (pass@k with k = val_n)
     max_num_seqs: int = 256
     gpu_memory_utilization: float = 0.1
-    kv_cache_bytes: int | None = 256 << 20
+    kv_cache_bytes: int | None = None  # null: 256 MiB on CPU; on GPU what gpu_memory_utilization leaves
     bucket_bytes: int = 256 << 20  # resharding bucket size
 
 

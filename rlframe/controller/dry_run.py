@@ -13,7 +13,7 @@ from pathlib import Path
 from rlframe.config.schema import RunConfig
 from rlframe.config.validate import role_world_sizes
 from rlframe.resharding.formats import ModelDims, hf_param_shapes
-from rlframe.resharding.layout import Layout, hybridflow_generation_layout
+from rlframe.resharding.layout import Layout, generation_layout
 from rlframe.resharding.planner import ParamMeta, plan_reshard
 
 GiB = 1 << 30
@@ -43,30 +43,48 @@ def layouts(cfg: RunConfig) -> tuple[Layout, Layout, str]:
     """Training layout of the actor, generation layout, and which scheme maps one to the other."""
     a = cfg.actor
     train = Layout(tp=a.tp, dp=a.dp, pp=a.pp, fsdp=a.strategy == "fsdp")
-    world = train.size
-    if not train.fsdp and a.tp % cfg.rollout.tp == 0 and a.pp >= 1:
-        return train, hybridflow_generation_layout(train, tp=cfg.rollout.tp, pp=1), "HybridFlow (micro-DP groups)"
-    return train, Layout(tp=cfg.rollout.tp, dp=world // cfg.rollout.tp), "general planner (box intersection)"
+    return (train, *generation_layout(train, tp=cfg.rollout.tp))
+
+
+def runtime_dtype(cfg: RunConfig):
+    """The compute dtype the engines and vLLM will use (engines.base.resolve_mixed_precision)."""
+    import torch
+
+    from rlframe.workers.engines.base import resolve_mixed_precision
+
+    return torch.bfloat16 if resolve_mixed_precision(None, on_gpu=cfg.resources.use_gpu) else torch.float32
+
+
+def _training_state_bytes(role, n_params: int, wbytes: int) -> float:
+    """Per-device bytes of a trained role's weights, gradients and Adam state, as its engine holds them."""
+    if role.strategy == "fsdp":  # fp32 sharded parameters (the master copy), gradients and moments
+        return n_params * (4 + 4 + 8) / (role.dp * role.tp)
+    mp = role.tp * role.pp  # megatron: compute-dtype weights, fp32 grad buffer (grad_reduce_in_fp32),
+    main = 4 if wbytes < 4 else 0  # distributed optimizer: fp32 main copy of 16-bit weights + moments
+    return n_params * (wbytes + 4) / mp + n_params * (main + 8) / (mp * role.dp)
 
 
 def memory_estimate(cfg: RunConfig, n_params: int) -> list[tuple[str, float]]:
-    """Rough per-device GiB of each colocated part (weights, grads, optimizer; no activations)."""
-    a = cfg.actor
-    wbytes = 2 if cfg.resources.use_gpu else 4  # bf16 on GPU, fp32 on CPU
-    if a.strategy == "fsdp":
-        shard = a.dp * a.tp
-        train = n_params * (4 + 4 + 8) / shard  # fp32 master + grads + Adam moments, all sharded
-    else:
-        mp = a.tp * a.pp
-        train = n_params * (wbytes + 4) / mp + n_params * 12 / (mp * a.dp)  # distributed optimizer
-    rows = [("actor training state", train / GiB)]
-    if cfg.uses_ref:
-        rows.append(("reference weights", n_params * wbytes / (a.tp * a.pp * (a.dp if a.strategy == "fsdp" else 1)) / GiB))
+    """Per-device GiB of each colocated part (weights, grads, optimizer, vLLM; no activations), with
+    the dtypes and KV-cache size the runtime uses."""
+    from rlframe.workers.common import kv_cache_bytes
+
+    a, on_gpu = cfg.actor, cfg.resources.use_gpu
+    wbytes = runtime_dtype(cfg).itemsize
+    rows = [("actor training state", _training_state_bytes(a, n_params, wbytes) / GiB)]
+    if cfg.uses_ref:  # the reference is built with the actor's layout; fsdp keeps its fp32 shards
+        ref = n_params * 4 / (a.dp * a.tp) if a.strategy == "fsdp" else n_params * wbytes / (a.tp * a.pp)
+        rows.append(("reference weights", ref / GiB))
     if cfg.uses_critic:
-        rows.append(("critic training state", train / GiB))
-    rows.append(("rollout weights", n_params * wbytes / cfg.rollout.tp / GiB))
-    if cfg.resources.use_gpu:
-        rows.append(("vLLM KV cache (gpu_memory_utilization share)", cfg.rollout.gpu_memory_utilization * DEVICE_GIB))
+        rows.append(("critic training state", _training_state_bytes(cfg.critic, n_params, wbytes) / GiB))
+    weights = n_params * wbytes / cfg.rollout.tp
+    rows.append(("rollout weights", weights / GiB))
+    kv = kv_cache_bytes(cfg.rollout, on_gpu=on_gpu)
+    if kv is not None:
+        rows.append(("vLLM KV cache (rollout.kv_cache_bytes)", kv / GiB))
+    else:  # vLLM's budget gpu_memory_utilization * device holds its weights and the KV cache
+        rows.append(("vLLM KV cache (gpu_memory_utilization budget - weights)",
+                     cfg.rollout.gpu_memory_utilization * DEVICE_GIB - weights / GiB))
     return rows
 
 
@@ -77,9 +95,7 @@ def describe_run(cfg: RunConfig) -> str:
     res = cfg.resources
     sizes = role_world_sizes(cfg)
     train, gen, scheme = layouts(cfg)
-    import torch
-
-    dtype = torch.bfloat16 if res.use_gpu else torch.float32
+    dtype = runtime_dtype(cfg)
     itemsize = dtype.itemsize
     plan = plan_reshard({n: ParamMeta(s, dtype) for n, s in shapes.items()}, src=train, dst=gen,
                         num_layers=dims.num_layers)
@@ -106,10 +122,15 @@ def describe_run(cfg: RunConfig) -> str:
         f"memory estimate per device (GiB, no activations; {DEVICE_GIB} GiB device):",
     ]
     rows = memory_estimate(cfg, n_params)
-    lines += [f"  {name:<48} {gib:8.2f}" for name, gib in rows]
+    lines += [f"  {name:<56} {gib:8.2f}" for name, gib in rows]
     total = sum(g for _, g in rows)
-    lines.append(f"  {'total (colocated)':<48} {total:8.2f}")
+    lines.append(f"  {'total (colocated)':<56} {total:8.2f}")
+    kv = rows[-1][1]
+    if kv <= 0:
+        lines.append(f"  vLLM gets no KV cache: rollout.gpu_memory_utilization * {DEVICE_GIB} GiB does not hold "
+                     f"its {rows[-2][1]:.2f} GiB of weights; raise gpu_memory_utilization or rollout.tp")
     if res.use_gpu:
-        verdict = "fits" if total <= DEVICE_GIB else "does NOT fit (raise tp/pp/nodes, or lower gpu_memory_utilization)"
+        verdict = "fits" if total <= DEVICE_GIB and kv > 0 else \
+            "does NOT fit (raise tp/pp/nodes, or lower gpu_memory_utilization)"
         lines.append(f"  {verdict} in {DEVICE_GIB} GiB before activations")
     return "\n".join(lines)

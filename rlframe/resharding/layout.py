@@ -215,3 +215,34 @@ def hybridflow_generation_layout(train: Layout, *, tp: int, pp: int = 1) -> Layo
         micro = t_i % rt + rt * (p_i % rp)
         coords.append((p_i // rp, t_i // rt, d_i * d_g + micro))
     return Layout(tp=tp, dp=train.dp * d_g, pp=pp, ranks=train.ranks, coords=tuple(coords))
+
+
+def generation_layout(train: Layout, *, tp: int) -> tuple[Layout, str]:
+    """The generation layout the actor reshards into, and the scheme's name (the runtime and the
+    dry run both call this: one source of truth).
+
+    vLLM builds its tp groups from consecutive ranks (rank // tp). A megatron (non-fsdp) training
+    layout uses HybridFlow's layout whenever its generation tp groups are exactly those, which holds
+    when t/t_g = 1 or t_g = 1 (the CPU default): each rank's training shard then lies inside its
+    generation shard and the bytes it receives are the minimum. Otherwise (fsdp, or strided groups
+    vLLM would not build) the plain layout over consecutive ranks, with the general planner.
+    """
+    world = train.size
+    if world % tp:
+        raise ValueError(f"rollout tp {tp} must divide the actor's {world} processes")
+    if not train.fsdp and train.tp % tp == 0:
+        hybrid = hybridflow_generation_layout(train, tp=tp, pp=1)
+        if _consecutive_tp_groups(hybrid):
+            return hybrid, "HybridFlow (micro-DP groups)"
+    return Layout(tp=tp, dp=world // tp, ranks=train.ranks), "general planner (box intersection)"
+
+
+def _consecutive_tp_groups(layout: Layout) -> bool:
+    """Every tp group is a run of `tp` consecutive ranks in tp order (how vLLM groups ranks)."""
+    groups: dict[tuple[int, int], dict[int, int]] = {}
+    for rank, (p, t, d) in zip(layout.ranks, layout.coords):
+        groups.setdefault((p, d), {})[t] = rank
+    return all(
+        g[0] % layout.tp == 0 and [g[t] for t in range(layout.tp)] == list(range(g[0], g[0] + layout.tp))
+        for g in groups.values()
+    )

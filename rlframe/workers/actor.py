@@ -19,7 +19,7 @@ from rlframe.controller import Dispatch, Mesh, register
 from rlframe.controller.dispatch import METRICS_KEY
 from rlframe.protocol import DataProto
 from rlframe.resharding.executor import execute_plan
-from rlframe.resharding.layout import Layout
+from rlframe.resharding.layout import generation_layout
 from rlframe.resharding.planner import plan_reshard
 from rlframe.workers.common import (
     LOSS_WEIGHTING, build_train_engine, metrics_only, prefixed, rollout_config, train_mesh,
@@ -40,8 +40,9 @@ class ActorWorker(TrainedRole):
         self.rollout = None
         if rollout is not None:
             self.set_mesh(Mesh.of(dp=self.world_size // rollout.tp, tp=rollout.tp), name="rollout")
-            self.rollout = build_rollout_engine(model_path, config=rollout_config(rollout, max_model_len=max_model_len,
-                                                                                  seed=seed))
+            on_gpu = self.engine.device.type == "cuda"
+            self.rollout = build_rollout_engine(model_path, config=rollout_config(
+                rollout, max_model_len=max_model_len, seed=seed, compute_dtype=self.engine.compute_dtype, on_gpu=on_gpu))
             self.bucket_bytes = rollout.bucket_bytes
             self._plan = self._make_reshard_plan(gen_tp=rollout.tp)
         self._weights_stale = False  # the rollout engine loaded the same checkpoint at start-up
@@ -49,7 +50,7 @@ class ActorWorker(TrainedRole):
     # ---- hybrid engine: training layout -> generation layout -----------------------------------
     def _make_reshard_plan(self, *, gen_tp: int):
         src = self.engine.resharding_layout()  # the engine asserts its shards match this layout
-        dst = Layout(tp=gen_tp, dp=self.world_size // gen_tp)
+        dst, self.reshard_scheme = generation_layout(src, tp=gen_tp)  # the dry run prints the same
         hf = AutoConfig.from_pretrained(self.model_path)
         head_dim = getattr(hf, "head_dim", None) or hf.hidden_size // hf.num_attention_heads
 

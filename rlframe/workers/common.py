@@ -6,6 +6,7 @@ from __future__ import annotations
 from rlframe.config.schema import RolloutSection, TrainRoleConfig
 from rlframe.workers.engines import TrainEngineConfig, get_train_engine
 from rlframe.workers.rollout import RolloutConfig
+from rlframe.workers.rollout.config import CPU_KV_CACHE_BYTES
 
 # Per-micro-batch loss weighting that makes accumulation equal one big batch (see the engine).
 LOSS_WEIGHTING = {"token-mean": "tokens", "seq-mean-token-sum": "samples", "seq-mean-token-mean": "samples",
@@ -33,12 +34,25 @@ def train_mesh(role: TrainRoleConfig):
     return Mesh.of(**({"pp": role.pp} if role.pp > 1 else {}), dp=role.dp, tp=role.tp)
 
 
-def rollout_config(section: RolloutSection, *, max_model_len: int, seed: int) -> RolloutConfig:
+def rollout_config(section: RolloutSection, *, max_model_len: int, seed: int, compute_dtype,
+                   on_gpu: bool) -> RolloutConfig:
+    """The rollout engine's settings: it computes in the training engine's dtype (bf16 on GPU, so the
+    synced weights are what training computes with) and, unless `kv_cache_bytes` is set, on GPU its KV
+    cache takes what `gpu_memory_utilization` leaves after the weights (on CPU: CPU_KV_CACHE_BYTES)."""
     return RolloutConfig(
         backend=section.backend, tensor_parallel_size=section.tp, max_model_len=max_model_len,
-        max_num_seqs=section.max_num_seqs, gpu_memory_utilization=section.gpu_memory_utilization,
-        kv_cache_bytes=section.kv_cache_bytes, seed=seed,
+        dtype=str(compute_dtype).removeprefix("torch."), max_num_seqs=section.max_num_seqs,
+        gpu_memory_utilization=section.gpu_memory_utilization,
+        kv_cache_bytes=kv_cache_bytes(section, on_gpu=on_gpu), seed=seed,
     )
+
+
+def kv_cache_bytes(section: RolloutSection, *, on_gpu: bool) -> int | None:
+    """The rollout's explicit KV-cache size: the configured one, else the CPU default on CPU and none
+    on GPU (vLLM sizes it from gpu_memory_utilization)."""
+    if section.kv_cache_bytes is not None:
+        return section.kv_cache_bytes
+    return None if on_gpu else CPU_KV_CACHE_BYTES
 
 
 def prefixed(metrics: dict, prefix: str) -> dict[str, float]:

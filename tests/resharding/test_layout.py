@@ -117,3 +117,27 @@ def test_hybridflow_micro_dp_groups_are_consecutive_ranks():
     with pytest.raises(ValueError, match="nest"):
         hybridflow_generation_layout(Layout(tp=2), tp=4)
 
+
+
+@pytest.mark.parametrize("t,p,d,tg,scheme", [
+    (2, 1, 1, 1, "HybridFlow"), (1, 2, 1, 1, "HybridFlow"), (2, 2, 2, 2, "HybridFlow"), (8, 4, 4, 8, "HybridFlow"),
+    (4, 1, 1, 2, "general"),  # HybridFlow's tp groups would be strided ({0, 2}, {1, 3}); vLLM's are consecutive
+])
+def test_generation_layout_is_hybridflow_when_vllm_builds_its_tp_groups(t, p, d, tg, scheme):
+    from rlframe.resharding.layout import generation_layout
+
+    train = Layout(tp=t, pp=p, dp=d)
+    gen, name = generation_layout(train, tp=tg)
+    assert name.startswith(scheme)
+    assert gen.ranks == train.ranks and gen.tp == tg and gen.dp == train.size // tg
+    for i, rank in enumerate(gen.ranks):  # vLLM: tp rank = position in a block of tg consecutive ranks
+        assert gen.coords_of(rank)[1] == i % tg
+    if scheme == "HybridFlow":
+        assert gen == hybridflow_generation_layout(train, tp=tg)
+
+
+def test_generation_layout_of_fsdp_is_the_plain_one():
+    from rlframe.resharding.layout import generation_layout
+
+    gen, name = generation_layout(Layout(tp=2, dp=2, fsdp=True), tp=2)
+    assert name.startswith("general") and gen == Layout(tp=2, dp=2)

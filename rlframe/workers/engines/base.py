@@ -102,6 +102,7 @@ class TrainEngine(abc.ABC):
     """One model replica over a (dp, tp[, pp]) layout, with optimizer, scheduler and checkpoints."""
 
     config: TrainEngineConfig
+    compute_dtype: torch.dtype  # of forward/backward: bf16 under mixed precision, else fp32
 
     @abc.abstractmethod
     def forward_log_probs(self, batch, *, temperature: float = 1.0, with_entropy: bool = False,
@@ -159,6 +160,13 @@ class TrainEngine(abc.ABC):
     @abc.abstractmethod
     def lr(self) -> float:
         """The learning rate the next optimizer step uses."""
+
+
+def resolve_mixed_precision(setting: bool | None, *, on_gpu: bool) -> bool:
+    """`mixed_precision` None (the default): bf16 compute with fp32 master weights on GPU, fp32 on
+    CPU (where bf16 is slower). Every engine, the rollout's dtype and the dry run's memory estimate
+    resolve it here."""
+    return on_gpu if setting is None else setting
 
 
 def check_trainable(config: TrainEngineConfig) -> None:

@@ -54,6 +54,11 @@ class SamplingConfig:
         return self.temperature == 0.0
 
 
+# KV cache per rank on CPU when none is configured: vLLM's CPU backend has no sleep mode, so this
+# is what its memory stays at (on GPU vLLM sizes the cache from gpu_memory_utilization).
+CPU_KV_CACHE_BYTES = 256 << 20
+
+
 @dataclass(frozen=True)
 class RolloutConfig:
     """How the rollout engine is built (fixed for its lifetime).
@@ -86,7 +91,7 @@ class RolloutConfig:
     enable_prefix_caching: bool = False
     enable_chunked_prefill: bool | None = None
     gpu_memory_utilization: float = 0.1
-    kv_cache_bytes: int | None = 256 << 20
+    kv_cache_bytes: int | None = CPU_KV_CACHE_BYTES
     logprobs_mode: str = "processed"
     load_format: str = "auto"
     seed: int = 0

@@ -5,13 +5,17 @@ process). Colocated megatron roles share one model-parallel state per process: s
 
 import json
 import math
+from math import prod
 from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
+from rlframe.controller.dry_run import model_dims
 from rlframe.controller.trainers.prepare import model_path
+from rlframe.resharding.formats import hf_param_shapes
+from rlframe.resharding.layout import Layout
 from tests.controller.trainers.test_end_to_end import run
 
 LAYOUTS = {
@@ -26,6 +30,18 @@ SHARED = ["data.train_batch_size=16", "trainer.save_every=0"]
 def _steps(summary):
     rows = [json.loads(l) for l in (Path(summary["run_dir"]) / "metrics.jsonl").read_text().splitlines()]
     return {r["step"]: r for r in rows}
+
+
+def _hybridflow_mib(cfg) -> float:
+    """The most any rank receives in HybridFlow's layout for vLLM tp 1 (the formula): the whole
+    fp32 model minus the training shard the rank already holds, which lies inside it."""
+    dims = model_dims(cfg)
+    shapes = hf_param_shapes(dims)
+    train = Layout(tp=cfg.actor.tp, pp=cfg.actor.pp, dp=cfg.actor.dp)
+    total = sum(prod(s) for s in shapes.values())
+    held = [sum(b.numel for n, s in shapes.items() if (b := train.box(n, s, r, num_layers=dims.num_layers)))
+            for r in train.ranks]
+    return max(total - h for h in held) * 4 / 2**20
 
 
 @pytest.fixture(scope="module")
@@ -43,7 +59,7 @@ def test_ppo_with_megatron_actor_and_critic(layout, fsdp_steps, tmp_path, ray_cl
     for r in steps.values():
         assert all(math.isfinite(v) for v in r.values()), r
     # step 2 generates with the weights step 1 trained: resharded from megatron into vLLM (tp1, dp2) ...
-    assert steps[2]["reshard/bytes_received_mb"] > 0 and steps[2]["reshard/bytes_sent_mb"] > 0
+    assert cfg.rollout.tp == 1 and steps[2]["reshard/bytes_received_mb"] == pytest.approx(_hybridflow_mib(cfg), rel=1e-9)
     # ... and vLLM samples from exactly them: its log-probs equal the training engine's
     assert steps[2]["rollout/logprob_diff_mean"] < 1e-5, steps[2]["rollout/logprob_diff_mean"]
     start = load_file(str(Path(model_path(cfg)) / "model.safetensors"))

@@ -30,7 +30,9 @@ import torch.distributed as dist
 
 from rlframe.resharding.layout import Layout
 from rlframe.workers.engines.accumulate import MetricSums, check_scalar_loss, micro_batch_weights
-from rlframe.workers.engines.base import BatchedForward, TrainEngine, TrainEngineConfig, check_trainable
+from rlframe.workers.engines.base import (
+    BatchedForward, TrainEngine, TrainEngineConfig, check_trainable, resolve_mixed_precision,
+)
 from rlframe.workers.engines.megatron import checkpoint as mckpt
 from rlframe.workers.engines.megatron import cpu_compat
 from rlframe.workers.engines.megatron.inputs import MegatronInputs, megatron_inputs
@@ -80,9 +82,8 @@ class MegatronTrainEngine(BatchedForward, TrainEngine):
         self.rank = dist.get_rank()
         self.layout_ = Layout(tp=config.tp, dp=config.dp, pp=config.pp)
         self._check_coords()
-        # bf16 compute (fp32 main weights) on GPU by default; fp32 on CPU, where bf16 is slower
-        mixed = self.on_gpu if config.mixed_precision is None else config.mixed_precision
-        self.params_dtype = torch.bfloat16 if mixed else torch.float32
+        mixed = resolve_mixed_precision(config.mixed_precision, on_gpu=self.on_gpu)
+        self.params_dtype = self.compute_dtype = torch.bfloat16 if mixed else torch.float32
         with cpu_compat.redirect():
             self.model, self.optimizer = self._build()
         self.pad_token_id = int(self.hf_config.pad_token_id or 0)
