@@ -83,9 +83,10 @@ class ActorWorker(TrainedRole):
         the SamplingConfig fields. Returns the rollout batch (n samples per prompt adjacent)."""
         sampling = SamplingConfig(**prompts.meta_info["sampling"])
         timing: dict[str, float] = {}
+        self.rollout.wake(("weights",))  # resident before the sync writes them (GPU sleep offloads them)
         with timed(timing, "update_weights"):
             sync = self._sync_weights()
-        self.rollout.wake()
+        self.rollout.wake(("kv_cache",))  # after the sync's buffers are freed
         with timed(timing, "gen_local"):
             out = self.rollout.generate(prompts, sampling)
         self.rollout.sleep()

@@ -5,7 +5,8 @@
         execute_plan(plan, local=shards, consumer=consume)
     engine.update_weights(state_dict_or_buckets)      # pull style: a full HF state dict, an iterator
                                                       #   of (name, tensor), or of buckets of pieces
-    engine.sleep(); ...train...; engine.wake()        # hand memory to the training engine and back
+    engine.sleep(); ...train...                       # hand memory to the training engine, then
+    engine.wake(("weights",)); <sync>; engine.wake(("kv_cache",))  # weights back first, then the cache
 """
 
 from __future__ import annotations
@@ -21,6 +22,11 @@ from rlframe.workers.rollout.config import SamplingConfig
 from rlframe.workers.rollout.weight_sync import Piece, WeightSyncStats, full_state_dict_pieces
 
 Consumer = Callable[[list[Piece]], None]
+
+# What `sleep` may release, in the order `wake` gives it back: the weights must be resident before a
+# sync writes them (on GPU vLLM's sleep offloads them; waking later would restore the stale copy), and
+# the KV cache is only needed to generate, so it comes back last, after the sync's buffers are freed.
+MEMORY_TAGS = ("weights", "kv_cache")
 
 
 def as_buckets(weights: Any) -> Iterator[list[Piece]]:
@@ -81,11 +87,36 @@ class RolloutEngine(ABC):
                 consume(bucket)
         return self.last_sync_stats
 
-    def sleep(self) -> None:
-        """Release generation memory (KV cache) while training runs; default: nothing to free."""
+    _sleeping: frozenset = frozenset()  # the MEMORY_TAGS `sleep` released and `wake` has not given back
 
-    def wake(self) -> None:
-        """Re-acquire what `sleep` released before the next `generate`."""
+    def sleep(self) -> None:
+        """Release generation memory (weights, KV cache) while training runs."""
+        self._sleeping = frozenset(self._release())
+
+    def wake(self, tags: tuple[str, ...] = MEMORY_TAGS) -> None:
+        """Re-acquire what `sleep` released of `tags` ("weights" before a weight sync, "kv_cache" before
+        `generate`)."""
+        unknown = set(tags) - set(MEMORY_TAGS)
+        if unknown:
+            raise ValueError(f"wake tags {sorted(unknown)} unknown; choose from {MEMORY_TAGS}")
+        pending = tuple(t for t in MEMORY_TAGS if t in tags and t in self._sleeping)
+        if pending:
+            self._reacquire(pending)
+            self._sleeping = self._sleeping - set(pending)
+
+    def require_awake(self, tags: tuple[str, ...], *, doing: str) -> None:
+        """Raise when `doing` needs memory `sleep` released (a weight write into offloaded weights
+        would be lost or fault)."""
+        asleep = [t for t in tags if t in self._sleeping]
+        if asleep:
+            raise RuntimeError(f"{doing} while the rollout engine's {asleep} sleep; call wake({tuple(asleep)}) first")
+
+    def _release(self) -> tuple[str, ...]:
+        """Free what this backend can; returns the MEMORY_TAGS freed (default: nothing)."""
+        return ()
+
+    def _reacquire(self, tags: tuple[str, ...]) -> None:
+        """Give back `tags` (a subset of what `_release` freed)."""
 
     def shutdown(self) -> None:
         """Free the engine for good."""

@@ -190,7 +190,6 @@ class VLLMRolloutEngine(RolloutEngine):
         self._needed = vllm_needed_boxes(self._shapes, tp_rank=self._tp_rank, tp_size=self.tp,
                                          num_kv_heads=hf_cfg.num_key_value_heads, head_dim=head_dim)
         self._last_stats = WeightSyncStats()
-        self._asleep = False
 
     # ------------------------------------------------------------------ generation
     def _sampling_params(self, sampling: SamplingConfig, seed: int | None):
@@ -207,8 +206,7 @@ class VLLMRolloutEngine(RolloutEngine):
         """See `RolloutEngine.generate`. With a seed, prompt b uses seed + b*n (its samples + j)."""
         from vllm.inputs import TokensPrompt
 
-        if self._asleep:
-            raise RuntimeError("generate() called while the rollout engine sleeps; call wake() first")
+        self.require_awake(("weights", "kv_cache"), doing="generate()")
         ids, mask = read_prompts(prompts)
         token_lists = unpad_prompts(ids, mask)
         if sampling.seed is None:
@@ -251,6 +249,7 @@ class VLLMRolloutEngine(RolloutEngine):
         outside_fill: value for the part of full-shape buffers outside this rank's box (None: left
             uninitialised, no memory touched; tests pass NaN to prove vLLM never reads it).
         """
+        self.require_awake(("weights",), doing="a weight update")
         kernel = (not self.is_cpu) if kernel_format is None else kernel_format
         if kernel and self.is_cpu:
             raise ValueError("kernel-format (in-place) weight sync needs a GPU backend: vLLM's CPU backend "
@@ -309,19 +308,17 @@ class VLLMRolloutEngine(RolloutEngine):
         fuser.check_complete()
 
     # ------------------------------------------------------------------ memory
-    def sleep(self) -> None:
-        """Free the KV cache (and offload weights) for training; a no-op on CPU (no sleep mode)."""
+    def _release(self) -> tuple[str, ...]:
+        """Discard the KV cache and offload the weights to CPU (level 1); nothing on CPU (no sleep mode)."""
         if not self.sleep_supported:
             logger.info("vLLM's %s backend has no sleep mode: the KV cache (%s bytes) stays allocated",
                         "CPU" if self.is_cpu else "current", self.config.kv_cache_bytes)
-            return
+            return ()
         self.llm.sleep(level=1)
-        self._asleep = True
+        return ("weights", "kv_cache")
 
-    def wake(self) -> None:
-        if self._asleep:
-            self.llm.wake_up()
-            self._asleep = False
+    def _reacquire(self, tags: tuple[str, ...]) -> None:
+        self.llm.wake_up(tags=list(tags))
 
     def shutdown(self) -> None:
         """Drop the engine. Call it only when the worker is done with torch.distributed too: vLLM's
