@@ -109,6 +109,7 @@ RANGES: dict[str, Rule] = {
     "trainer.seed": at_least(0),
     "trainer.max_restarts": at_least(0, " (0: a dead worker ends the run)"),
     "trainer.max_nonfinite_steps": POSITIVE_INT,
+    "trainer.collective_timeout_s": at_least(10, " (seconds; a checkpoint write or model load on one rank must fit)"),
 }
 
 

@@ -169,6 +169,9 @@ class TrainerConfig:
     # Steps in a row whose optimizer steps were all skipped (non-finite gradients) or whose loss
     # was non-finite before the run stops with an error.
     max_nonfinite_steps: int = 3
+    # How long a collective (barrier, all-reduce) in a worker group waits for its slowest rank: long
+    # enough for one rank's multi-GB checkpoint write or model load while the others wait.
+    collective_timeout_s: float = 1800.0
 
 
 @dataclass

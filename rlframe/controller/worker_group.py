@@ -205,11 +205,19 @@ def _put_shared(per_rank: list) -> list:
             for call in per_rank]
 
 
+# How long a collective (a barrier, an all-reduce) waits for the slowest rank before failing: long
+# enough for multi-GB checkpoint writes and model loads on one rank while the others wait.
+COLLECTIVE_TIMEOUT_S = 1800.0
+
+
 class HostSet:
-    """The Ray actors (one per rank) of a pool, joined in one torch.distributed group."""
+    """The Ray actors (one per rank) of a pool, joined in one torch.distributed group.
+
+    init_timeout_s bounds the driver's wait for the processes to start and join; collective_timeout_s
+    is the process group's timeout, which every collective of the workers runs under."""
 
     def __init__(self, pool: ResourcePool, *, name: str, env: dict[str, str] | None = None,
-                 init_timeout_s: float = 120.0):
+                 init_timeout_s: float = 120.0, collective_timeout_s: float = COLLECTIVE_TIMEOUT_S):
         import ray
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
@@ -232,7 +240,7 @@ class HostSet:
         what = f"worker group {name!r} start-up"
         [(_, (addr, port))] = _wait_all([(infos[0], self.actors[0].address.remote())], timeout=init_timeout_s, what=what)
         _wait_all(
-            [(i, a.init_distributed.remote(master_addr=addr, master_port=port, timeout_s=init_timeout_s))
+            [(i, a.init_distributed.remote(master_addr=addr, master_port=port, timeout_s=collective_timeout_s))
              for i, a in zip(infos, self.actors)],
             timeout=init_timeout_s, what=what,
         )
@@ -258,12 +266,13 @@ class RayWorkerGroup:
 
     def __init__(self, pool: ResourcePool, cls: type, *, name: str | None = None, args: tuple = (),
                  kwargs: dict | None = None, env: dict[str, str] | None = None,
-                 timeout: float | None = None, _hosts: HostSet | None = None, _role: str | None = None):
+                 timeout: float | None = None, collective_timeout_s: float = COLLECTIVE_TIMEOUT_S,
+                 _hosts: HostSet | None = None, _role: str | None = None):
         self.name = name or cls.__name__
         self.role = _role or self.name
         self.cls = cls
         self.default_timeout = timeout
-        self.hosts = _hosts or HostSet(pool, name=self.name, env=env)
+        self.hosts = _hosts or HostSet(pool, name=self.name, env=env, collective_timeout_s=collective_timeout_s)
         refs = [(RankInfo(r, r, self.world_size, True), a.add_role.remote(self.role, cls, args, kwargs or {}))
                 for r, a in enumerate(self.hosts.actors)]
         per_rank = [infos for _, infos in _wait_all(refs, timeout=timeout, what=self._what("__init__"))]
@@ -274,11 +283,12 @@ class RayWorkerGroup:
 
     @classmethod
     def colocated(cls, pool: ResourcePool, roles: dict[str, RoleSpec], *, name: str = "colocated",
-                  env: dict[str, str] | None = None, timeout: float | None = None) -> dict[str, "RayWorkerGroup"]:
+                  env: dict[str, str] | None = None, timeout: float | None = None,
+                  collective_timeout_s: float = COLLECTIVE_TIMEOUT_S) -> dict[str, "RayWorkerGroup"]:
         """Several roles in one process per rank (the hybrid engine); one group handle per role."""
         if not roles:
             raise ValueError("colocated() needs at least one role")
-        hosts = HostSet(pool, name=name, env=env)
+        hosts = HostSet(pool, name=name, env=env, collective_timeout_s=collective_timeout_s)
         return {
             role: cls(pool, spec.cls, name=name, args=spec.args, kwargs=spec.kwargs, timeout=timeout,
                       _hosts=hosts, _role=role)

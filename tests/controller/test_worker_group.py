@@ -123,3 +123,16 @@ def test_killed_worker_surfaces_without_hang(faulty):
 def test_call_timeout(faulty):
     with pytest.raises(WorkerTimeoutError, match=r"ranks \[0, 1, 2\] did not answer within 1"):
         faulty.sleep(30, timeout=1)
+
+
+def test_collectives_wait_for_the_configured_timeout(faulty, ray_cluster):
+    # the default (30 min) outlasts one rank arriving late at a barrier
+    assert faulty.late_barrier(1, 3.0, timeout=60) == [0, 1, 2]
+    pool = ResourcePool(procs_per_node=[2], name="short-pool")
+    short = RayWorkerGroup(pool, FaultyWorker, name="short", collective_timeout_s=1.0)
+    try:
+        with pytest.raises(WorkerCallError, match=r"method 'late_barrier'"):
+            short.late_barrier(1, 4.0, timeout=60)
+    finally:
+        short.shutdown()
+        pool.release()

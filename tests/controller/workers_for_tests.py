@@ -106,6 +106,14 @@ class FaultyWorker(Worker):
         time.sleep(seconds)
         return self.rank
 
+    @register(dispatch=Dispatch.ONE_TO_ALL)
+    def late_barrier(self, late_rank, seconds):
+        """A barrier that rank `late_rank` reaches `seconds` late (a long write on one rank)."""
+        if self.rank == late_rank:
+            time.sleep(seconds)
+        dist.barrier()
+        return self.rank
+
     @register(dispatch=Dispatch.ONE_TO_ALL, blocking=False)
     def later(self, x):
         return x + self.rank

@@ -74,22 +74,25 @@ def _pool(cfg: RunConfig, procs: int, name: str) -> ResourcePool:
 def build_roles(cfg: RunConfig, *, actor_path: str, critic_path: str) -> RunRoles:
     specs = role_specs(cfg, actor_path=actor_path, critic_path=critic_path)
     env = {"RLFRAME_RUN": cfg.trainer.experiment, "RLFRAME_IMPORTS": ",".join(cfg.imports)}
+    timeout = cfg.trainer.collective_timeout_s
     if cfg.resources.placement == "colocated":
         pool = _pool(cfg, cfg.resources.nodes * cfg.resources.procs_per_node, "hybrid")
-        groups = RayWorkerGroup.colocated(pool, specs, name="hybrid", env=env)
+        groups = RayWorkerGroup.colocated(pool, specs, name="hybrid", env=env, collective_timeout_s=timeout)
         pools = [pool]
     else:
         sizes = role_world_sizes(cfg)
         groups, pools = {}, []
         for role, spec in specs.items():
             pool = _pool(cfg, sizes[role], role)
-            groups[role] = RayWorkerGroup(pool, spec.cls, name=role, kwargs=spec.kwargs, env=env)
+            groups[role] = RayWorkerGroup(pool, spec.cls, name=role, kwargs=spec.kwargs, env=env,
+                                          collective_timeout_s=timeout)
             pools.append(pool)
     rm = None
     if cfg.reward.model_paths:
         pool = _pool(cfg, cfg.resources.procs_per_node, "reward_model")
         rm = RayWorkerGroup(pool, RewardModelWorker, name="reward_model",
-                            kwargs=dict(model_paths=cfg.reward.model_paths, ensemble=cfg.reward.ensemble), env=env)
+                            kwargs=dict(model_paths=cfg.reward.model_paths, ensemble=cfg.reward.ensemble), env=env,
+                            collective_timeout_s=timeout)
         pools.append(pool)
     return RunRoles(actor=groups["actor"], critic=groups.get("critic"), ref=groups.get("ref"),
                     reward_model=rm, pools=pools)

@@ -84,6 +84,47 @@ def verify_collectively(path: str, *, group=None) -> None:
         raise manifest.CheckpointDamaged(path, merged)
 
 
+class SharedStorageError(RuntimeError):
+    pass
+
+
+_PROBE = ".shared-storage-probe"
+
+
+def check_shared_storage(tmp: str, *, is_first: bool, group) -> None:
+    """Every rank of `group` must see the files the first rank writes under `tmp`: a checkpoint is
+    one directory the ranks fill together and one rank hashes and renames, so it needs storage shared
+    by all nodes (NFS, Lustre, a mounted bucket). All ranks raise the same error otherwise, naming
+    the hosts that could not see it, and the first rank removes what it wrote."""
+    import socket
+    import uuid
+
+    token = None
+    if is_first:
+        os.makedirs(tmp, exist_ok=True)
+        token = uuid.uuid4().hex
+        with open(os.path.join(tmp, _PROBE), "w") as f:
+            f.write(token)
+    token = next(t for t in _all_gather(token, group) if t is not None)
+    try:
+        with open(os.path.join(tmp, _PROBE)) as f:
+            seen = f.read() == token
+    except OSError:
+        seen = False
+    views = _all_gather((_rank_world(group)[0], socket.gethostname(), seen), group)
+    if is_first:
+        os.remove(os.path.join(tmp, _PROBE))
+    blind = [(rank, host) for rank, host, ok in views if not ok]
+    if blind:
+        if is_first:
+            shutil.rmtree(tmp, ignore_errors=True)
+        raise SharedStorageError(
+            f"checkpoint directory {os.path.dirname(tmp)!r} is not on storage shared by all ranks: ranks "
+            f"{[r for r, _ in blind]} on hosts {sorted({h for _, h in blind})} do not see the file the first rank "
+            "wrote there. Set trainer.output_dir to a filesystem every node mounts at the same path "
+            "(docs/checkpoints.md)")
+
+
 def save_atomically(engine, path: str, *, barrier, write_state, group=None) -> None:
     """The atomic skeleton every backend shares: `write_state(tmp_dir)` runs on every rank (it writes
     the model and optimizer shards), rank 0 adds engine_state.pt and layout.json, the ranks of `group`
@@ -93,6 +134,7 @@ def save_atomically(engine, path: str, *, barrier, write_state, group=None) -> N
     if engine.is_first_rank and os.path.exists(tmp):
         shutil.rmtree(tmp)
     barrier()
+    check_shared_storage(tmp, is_first=engine.is_first_rank, group=group)
     write_state(tmp)
     if engine.is_first_rank:
         torch.save({**engine.engine_state(), "rng": torch.get_rng_state()}, os.path.join(tmp, "engine_state.pt"))
