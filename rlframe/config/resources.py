@@ -33,7 +33,7 @@ def pool_sizes(cfg: RunConfig) -> dict[str, int]:
         pools = {"hybrid": res.nodes * res.procs_per_node}
     else:
         sizes = role_world_sizes(cfg)
-        pools = {"actor": sizes["actor"]}
+        pools = {"actor": sizes["actor"], "rollout": sizes["rollout"]}
         if cfg.uses_critic:
             pools["critic"] = sizes["critic"]
         if cfg.uses_ref or cfg.algorithm.name == "online_dpo":

@@ -133,7 +133,8 @@ class ResourcesConfig:
     procs_per_node: int = 2
     use_gpu: bool = False
     placement: str = "colocated"  # colocated (hybrid engine) | split
-    # split placement: processes of each separate pool (actor+rollout, critic, ref, reward)
+    # split placement: processes of each separate pool (actor, rollout: generation, critic, ref);
+    # a role not named gets the actor's count
     split_procs: dict = field(default_factory=dict)
     cpus_per_proc: float = 1.0
 

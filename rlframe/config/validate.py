@@ -57,7 +57,13 @@ def role_world_sizes(cfg: RunConfig) -> dict[str, int]:
         return {"actor": total, "critic": total, "ref": total}
     split = res.split_procs or {}
     actor = int(split.get("actor", total))
-    return {"actor": actor, "critic": int(split.get("critic", actor)), "ref": int(split.get("ref", actor))}
+    return {"actor": actor, "critic": int(split.get("critic", actor)), "ref": int(split.get("ref", actor)),
+            "rollout": int(split.get("rollout", actor))}
+
+
+def generation_group(cfg: RunConfig) -> str:
+    """The group whose processes generate: the actor's (colocated, the hybrid engine) or its own (split)."""
+    return "rollout" if cfg.resources.placement == "split" else "actor"
 
 
 def _check_algorithm(cfg: RunConfig, out: list[str]) -> None:
@@ -117,12 +123,12 @@ def _check_layouts(cfg: RunConfig, out: list[str]) -> None:
     if res.placement == "colocated" and len(megatron) > 1:
         out.append(f"colocated megatron roles use different (tp, pp) {sorted(megatron)}; megatron-core keeps one "
                    "model-parallel state per process, so give actor and critic the same tp and pp (or placement=split)")
-    gen_tp = cfg.rollout.tp
-    if gen_tp > sizes["actor"]:
-        out.append(f"rollout.tp={gen_tp} is larger than the actor group ({sizes['actor']} processes); "
-                   f"use rollout.tp <= {sizes['actor']}")
-    elif sizes["actor"] % gen_tp:
-        out.append(f"rollout.tp={gen_tp} must divide the actor group's {sizes['actor']} processes "
+    gen_tp, gen = cfg.rollout.tp, generation_group(cfg)
+    if gen_tp > sizes[gen]:
+        out.append(f"rollout.tp={gen_tp} is larger than the {gen} group ({sizes[gen]} processes); "
+                   f"use rollout.tp <= {sizes[gen]}")
+    elif sizes[gen] % gen_tp:
+        out.append(f"rollout.tp={gen_tp} must divide the {gen} group's {sizes[gen]} processes "
                    "(generation replicas = processes / rollout.tp)")
 
 
@@ -183,9 +189,9 @@ def _check_roles_and_trainer(cfg: RunConfig, out: list[str]) -> None:
                        f"(trainer.total_steps * {name}.ppo_epochs = {optimizer_steps}); lower warmup_steps")
     res = cfg.resources
     split = res.split_procs or {}
-    unknown = sorted(set(split) - {"actor", "critic", "ref"})
+    unknown = sorted(set(split) - {"actor", "critic", "ref", "rollout"})
     if unknown:
-        out.append(f"resources.split_procs has unknown roles {unknown}; use actor, critic and ref")
+        out.append(f"resources.split_procs has unknown roles {unknown}; use actor, critic, ref and rollout")
     for role, n in split.items():
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:
             out.append(f"resources.split_procs.{role}={n!r} must be a process count >= 1")

@@ -15,6 +15,7 @@ from rlframe.config.validate import role_world_sizes
 from rlframe.resharding.formats import ModelDims, hf_param_shapes
 from rlframe.resharding.layout import Layout, generation_layout
 from rlframe.resharding.planner import ParamMeta, plan_reshard
+from rlframe.workers.weight_plan import split_generation_layout
 
 GiB = 1 << 30
 DEVICE_GIB = 80  # per-GPU memory the estimate is compared with
@@ -43,6 +44,9 @@ def layouts(cfg: RunConfig) -> tuple[Layout, Layout, str]:
     """Training layout of the actor, generation layout, and which scheme maps one to the other."""
     a = cfg.actor
     train = Layout(tp=a.tp, dp=a.dp, pp=a.pp, fsdp=a.strategy == "fsdp")
+    if cfg.resources.placement == "split":  # the generation group's own ranks, after the actor's
+        gen = split_generation_layout(train, tp=cfg.rollout.tp, world=role_world_sizes(cfg)["rollout"])
+        return train, gen, "split placement: actor group -> generation group over the weight channel"
     return (train, *generation_layout(train, tp=cfg.rollout.tp))
 
 
@@ -123,8 +127,13 @@ def describe_run(cfg: RunConfig) -> str:
     ]
     rows = memory_estimate(cfg, n_params)
     lines += [f"  {name:<56} {gib:8.2f}" for name, gib in rows]
-    total = sum(g for _, g in rows)
-    lines.append(f"  {'total (colocated)':<56} {total:8.2f}")
+    if res.placement == "split":  # each group's devices hold only their own parts
+        gen_rows = [g for name, g in rows if name.startswith(("rollout", "vLLM"))]
+        total = max(sum(gen_rows), max(g for name, g in rows if not name.startswith(("rollout", "vLLM"))))
+        lines.append(f"  {'largest group (split: generation vs one training role)':<56} {total:8.2f}")
+    else:
+        total = sum(g for _, g in rows)
+        lines.append(f"  {'total (colocated)':<56} {total:8.2f}")
     kv = rows[-1][1]
     if kv <= 0:
         lines.append(f"  vLLM gets no KV cache: rollout.gpu_memory_utilization * {DEVICE_GIB} GiB does not hold "

@@ -135,8 +135,7 @@ def _post_sends(sends, plan, local, rank, arena, used, group, stats, min_bytes) 
                 for p, off, n in placed:
                     _typed(buf, off, n, plan, p).copy_(_local_view(plan, local, p.name, p.box, rank))
             stats.bytes_sent += sum(p.box.numel * plan.params[p.name].itemsize for p in msg)
-            # P2POp takes the peer's global rank, which is what plans are written in.
-            ops.append(dist.P2POp(dist.isend, buf, peer, group))
+            ops.append((True, buf, peer))  # the peer's rank in the plan's numbering
     return ops, used
 
 
@@ -153,11 +152,20 @@ def _post_recvs(recvs, plan, arena, used, group, stats, views, min_bytes) -> lis
             # A zero-copy send carries no alignment padding: receive exactly its bytes.
             if _direct(plan, msg[0], min_bytes):
                 buf = buf[:placed[0][2]]
-            ops.append(dist.P2POp(dist.irecv, buf, peer, group))
+            ops.append((False, buf, peer))
     return ops
 
 
-def _run_bucket(bucket: list[Transfer], plan: Plan, local, rank: int, arena: torch.Tensor, group,
+def _start(ops: list[tuple[bool, torch.Tensor, int]], group, channel) -> list:
+    """Post a bucket's sends and receives together: on the channel between two groups, else with
+    `batch_isend_irecv` on this group (P2POp takes global ranks, which plans are written in)."""
+    if channel is not None:
+        return channel.start(ops)
+    return dist.batch_isend_irecv([dist.P2POp(dist.isend if send else dist.irecv, buf, peer, group)
+                                   for send, buf, peer in ops])
+
+
+def _run_bucket(bucket: list[Transfer], plan: Plan, local, rank: int, arena: torch.Tensor, group, channel,
                 stats: ReshardStats, min_bytes: int) -> list[Piece]:
     # All buffers of a bucket are carved from one arena allocated once: no allocation or page
     # faults per bucket, and the arena's size is the executor's whole extra memory.
@@ -166,7 +174,7 @@ def _run_bucket(bucket: list[Transfer], plan: Plan, local, rank: int, arena: tor
     ops, used = _post_sends(sends, plan, local, rank, arena, 0, group, stats, min_bytes)
     ops += _post_recvs(recvs, plan, arena, used, group, stats, views, min_bytes)
     if ops:
-        for req in dist.batch_isend_irecv(ops):
+        for req in _start(ops, group, channel):
             req.wait()
     stats.num_messages += len(ops)
     out = []
@@ -183,7 +191,7 @@ def _run_bucket(bucket: list[Transfer], plan: Plan, local, rank: int, arena: tor
 
 def execute_plan(plan: Plan, *, local: Mapping[str, torch.Tensor], consumer: Consumer,
                  bucket_bytes: int = 256 << 20, zero_copy_min_bytes: int = 1 << 20, group=None,
-                 device: torch.device | str | None = None) -> ReshardStats:
+                 device: torch.device | str | None = None, channel=None) -> ReshardStats:
     """Run `plan` on this rank; stream each bucket's pieces into `consumer`; return measured stats.
 
     local: {name: tensor} of this rank's source shards, shaped as `plan.src_boxes[(name, rank)]`
@@ -194,9 +202,11 @@ def execute_plan(plan: Plan, *, local: Mapping[str, torch.Tensor], consumer: Con
     bucket_bytes: bound on the bytes a rank sends plus receives per bucket (the extra memory held).
     zero_copy_min_bytes: contiguous pieces at least this large are sent straight from the shard as
         their own message; smaller ones are packed with the others for that peer (fewer messages).
+    channel: a `P2PChannel` joining two worker groups (ranks are then the channel's); None moves the
+        pieces inside this process's torch.distributed world.
     All ranks of `plan.ranks` must call this with the same plan and bucket_bytes.
     """
-    rank = dist.get_rank()
+    rank = dist.get_rank() if channel is None else channel.rank
     if device is None:
         device = next(iter(local.values())).device if local else torch.device("cpu")
     missing = [n for (n, r) in plan.src_boxes if r == rank and n not in local]
@@ -214,13 +224,13 @@ def execute_plan(plan: Plan, *, local: Mapping[str, torch.Tensor], consumer: Con
     # The arena is the only extra memory the executor allocates; reused pieces alias the local shards.
     stats.peak_extra_bytes = arena.numel()
     assert stats.peak_extra_bytes <= bucket_bytes, (stats.peak_extra_bytes, bucket_bytes)
-    if dist.get_backend(group) == "nccl":
+    if channel is None and dist.get_backend(group) == "nccl":
         # NCCL: a batched p2p call must not be the first collective of the group (torch docs).
         dist.barrier(group=group)
     for bucket in buckets:
         if not any(rank in (p.src, p.dst) for p in bucket):
             continue
-        pieces = _run_bucket(bucket, plan, local, rank, arena, group, stats, zero_copy_min_bytes)
+        pieces = _run_bucket(bucket, plan, local, rank, arena, group, channel, stats, zero_copy_min_bytes)
         if pieces:
             consumer(pieces)
     del arena

@@ -10,25 +10,23 @@ streamed bucket by bucket into the rollout engine; nothing touches the disk.
 
 from __future__ import annotations
 
-from transformers import AutoConfig
-
 from rlframe.algos.registry import resolve_loss_agg_mode
 
 from rlframe.config.schema import AlgorithmConfig, RolloutSection, TrainRoleConfig
 from rlframe.controller import Dispatch, Mesh, register
 from rlframe.controller.dispatch import METRICS_KEY
 from rlframe.protocol import DataProto
+from rlframe.resharding.channel import P2PChannel
 from rlframe.resharding.executor import execute_plan
 from rlframe.resharding.layout import generation_layout
-from rlframe.resharding.planner import plan_reshard
 from rlframe.workers.common import (
     LOSS_WEIGHTING, build_train_engine, metrics_only, prefixed, rollout_config, train_mesh,
 )
 from rlframe.workers.losses import actor_loss_fn, check_on_policy, dpo_loss_fn, sft_loss_fn
 from rlframe.workers.rollout import SamplingConfig, build_rollout_engine
-from rlframe.workers.rollout.weight_sync import vllm_tp_box
 from rlframe.utils.timing import timed
 from rlframe.workers.trained_role import TrainedRole
+from rlframe.workers.weight_plan import split_generation_layout, vllm_plan
 
 
 class ActorWorker(TrainedRole):
@@ -51,15 +49,7 @@ class ActorWorker(TrainedRole):
     def _make_reshard_plan(self, *, gen_tp: int):
         src = self.engine.resharding_layout()  # the engine asserts its shards match this layout
         dst, self.reshard_scheme = generation_layout(src, tp=gen_tp)  # the dry run prints the same
-        hf = AutoConfig.from_pretrained(self.model_path)
-        head_dim = getattr(hf, "head_dim", None) or hf.hidden_size // hf.num_attention_heads
-
-        def vllm_box(name, shape, rank):  # vLLM pads the vocabulary and may replicate kv heads
-            return vllm_tp_box(name, shape, tp_rank=dst.coords_of(rank)[1], tp_size=gen_tp,
-                               num_kv_heads=hf.num_key_value_heads, head_dim=head_dim)
-
-        return plan_reshard(self.engine.param_metas(), src=src, dst=dst, num_layers=hf.num_hidden_layers,
-                            dst_box=vllm_box)
+        return vllm_plan(self.engine.param_metas(), src=src, dst=dst, model_path=self.model_path)
 
     def _sync_weights(self) -> dict[str, float]:
         if not self._weights_stale:
@@ -76,6 +66,38 @@ class ActorWorker(TrainedRole):
                 # perf/: measurements of the process, which vary from run to run
                 **{f"perf/weight_sync_peak_{k}_extra_mb": v / 2**20 for k, v in
                    (("rss", recv.peak_rss_extra_bytes), ("device", recv.peak_device_extra_bytes)) if v >= 0}}
+
+    # ---- split placement: the generation group has its own processes ----------------------------
+    @register(dispatch=Dispatch.ONE_TO_ALL)
+    def weight_plan_inputs(self):
+        """(HF name -> ParamMeta, training Layout): what the generation group plans the sync from."""
+        return self.engine.param_metas(), self.engine.resharding_layout()
+
+    @register(dispatch=Dispatch.ONE_TO_ALL)
+    def join_weight_channel(self, *, addr: str, port: int, gen_tp: int, gen_world: int, bucket_bytes: int,
+                            timeout_s: float) -> None:
+        """Join the channel to the generation group (this group's ranks first) and plan the sync;
+        collective with the generation group's `join_weight_channel`."""
+        src = self.engine.resharding_layout()
+        self._channel = P2PChannel(addr=addr, port=port, rank=self.rank, world_size=src.size + gen_world,
+                                   timeout_s=timeout_s)
+        self._split_plan = vllm_plan(self.engine.param_metas(), src=src, model_path=self.model_path,
+                                     dst=split_generation_layout(src, tp=gen_tp, world=gen_world))
+        self.bucket_bytes = bucket_bytes
+
+    @register(dispatch=Dispatch.ONE_TO_ALL)
+    def weights_stale(self) -> bool:
+        return self._weights_stale
+
+    @register(dispatch=Dispatch.ONE_TO_ALL)
+    def send_weights(self) -> dict[str, float]:
+        """This rank's training shards straight to the generation ranks that need them (collective
+        with the generation group's `receive_weights`)."""
+        local = {name: t for name, (_, _, t) in self.engine.local_shards().items()}
+        stats = execute_plan(self._split_plan, local=local, consumer=_nothing_arrives, bucket_bytes=self.bucket_bytes,
+                             channel=self._channel)
+        self._weights_stale = False
+        return {"reshard/bytes_sent_mb": stats.bytes_sent / 2**20, "reshard/send_peak_extra_mb": stats.peak_extra_bytes / 2**20}
 
     @register(dispatch=Dispatch.DP_COMPUTE, mesh="rollout")
     def generate_sequences(self, prompts: DataProto) -> DataProto:
@@ -141,3 +163,7 @@ class ActorWorker(TrainedRole):
     def close(self) -> None:
         if self.rollout is not None:
             self.rollout.shutdown()
+
+
+def _nothing_arrives(pieces) -> None:
+    raise AssertionError("a training rank received pieces of a sync into the generation group")

@@ -26,12 +26,13 @@ def sampling_for(cfg: RunConfig, *, n: int, temperature: float, seed: int) -> Sa
                           max_new_tokens=cfg.data.response_length, seed=seed)
 
 
-def generate(actor, prompts: DataProto, *, sampling: SamplingConfig, replicas: int) -> tuple[DataProto, dict]:
-    """n samples per prompt; prompt fields repeated alongside (samples of a prompt adjacent)."""
+def generate(roles, prompts: DataProto, *, sampling: SamplingConfig, replicas: int) -> tuple[DataProto, dict]:
+    """n samples per prompt from `roles.generate_sequences` (RunRoles: the hybrid engine's actor, or
+    the generation group after a weight push); prompt fields repeated alongside (samples adjacent)."""
     gen_in = prompts.select(batch_keys=PROMPT_KEYS)
     gen_in.meta_info = {"sampling": asdict(sampling)}
     gen_in, pad = gen_in.pad_to_divisor(replicas)
-    out = actor.generate_sequences(gen_in)
+    out = roles.generate_sequences(gen_in)
     metrics = gathered(out, reduce="max")  # the slowest replica sets the pace
     out.meta_info = {}
     out = out.unpad(pad * sampling.n)

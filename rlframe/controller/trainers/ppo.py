@@ -25,6 +25,7 @@ from rlframe.algos.dapo import filter_groups_by_reward_variance
 from rlframe.algos.kl import make_kl_controller
 from rlframe.config.build import to_dict
 from rlframe.config.schema import RunConfig
+from rlframe.config.validate import role_world_sizes
 from rlframe.controller import startup
 from rlframe.controller.trainers import phases
 from rlframe.controller.trainers.checkpoint import CheckpointManager, driver_rng_state, restore_driver_rng
@@ -60,9 +61,9 @@ class PPOTrainer:
                                           target_kl=alg.kl_target, horizon=alg.kl_horizon)
         critic = f", critic {_layout_text(cfg.critic)}" if cfg.uses_critic else ""
         say(f"starting worker groups ({cfg.resources.placement}, {cfg.resources.nodes * cfg.resources.procs_per_node} "
-            f"processes): actor {_layout_text(cfg.actor)}{critic}, rollout {cfg.rollout.backend} tp={cfg.rollout.tp}")
+            f"processes): actor {_layout_text(cfg.actor)}{critic}, rollout {cfg.rollout.backend} tp={cfg.rollout.tp}"
+            + (f" in its own {role_world_sizes(cfg)['rollout']} process(es)" if cfg.resources.placement == "split" else ""))
         self.roles = build_roles(cfg, actor_path=self.actor_path, critic_path=cfg.model.critic_path or self.actor_path)
-        self.replicas = self.roles.actor.world_size // cfg.rollout.tp
         self.tracker = Tracker(self.run_dir, sinks=cfg.trainer.loggers, experiment=cfg.trainer.experiment,
                                config=to_dict(cfg), plot=cfg.trainer.plot)
         self.ckpt = CheckpointManager(self.run_dir, keep=cfg.trainer.keep_checkpoints)
@@ -148,7 +149,7 @@ class PPOTrainer:
         alg = self.cfg.algorithm
         sampling = phases.sampling_for(self.cfg, n=alg.n_samples, temperature=self.cfg.rollout.temperature,
                                        seed=self.sample_seed(salt))
-        batch, metrics = phases.generate(self.roles.actor, prompts, sampling=sampling, replicas=self.replicas)
+        batch, metrics = phases.generate(self.roles, prompts, sampling=sampling, replicas=self.roles.replicas)
         if alg.adv_estimator == "remax":
             batch.batch["reward_baselines"] = self.greedy_baseline(prompts).repeat_interleave(alg.n_samples)
         return batch, metrics
@@ -156,7 +157,7 @@ class PPOTrainer:
     def greedy_baseline(self, prompts: DataProto) -> torch.Tensor:
         """ReMax (Li et al. 2023): the reward of the greedy response is each prompt's baseline."""
         greedy = phases.sampling_for(self.cfg, n=1, temperature=0.0, seed=self.sample_seed(7))
-        batch, _ = phases.generate(self.roles.actor, prompts, sampling=greedy, replicas=self.replicas)
+        batch, _ = phases.generate(self.roles, prompts, sampling=greedy, replicas=self.roles.replicas)
         batch, _ = self.score(batch)
         return batch.batch["token_level_scores"].sum(-1)
 

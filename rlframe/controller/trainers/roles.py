@@ -4,13 +4,17 @@ engine: one process per rank hosts actor + rollout, critic and reference) or spl
 from __future__ import annotations
 
 import dataclasses
+import time
 from dataclasses import dataclass
 
 from rlframe.config.schema import RunConfig
 from rlframe.config.validate import role_world_sizes
 from rlframe.controller import RayWorkerGroup, ResourcePool, RoleSpec
+from rlframe.controller.dispatch import METRICS_KEY
+from rlframe.protocol import DataProto
 from rlframe.workers.actor import ActorWorker
 from rlframe.workers.critic import CriticWorker
+from rlframe.workers.generator import GeneratorWorker
 from rlframe.workers.reference import ReferenceWorker
 from rlframe.workers.reward_model import RewardModelWorker
 
@@ -22,10 +26,43 @@ class RunRoles:
     ref: RayWorkerGroup | None
     reward_model: RayWorkerGroup | None
     pools: list[ResourcePool]
+    rollout_tp: int = 1
+    generator: RayWorkerGroup | None = None  # split placement: vLLM in its own group
+
+    @property
+    def replicas(self) -> int:
+        """Generation replicas: the generating group's processes / rollout tp."""
+        return (self.generator or self.actor).world_size // self.rollout_tp
+
+    def generate_sequences(self, prompts: DataProto) -> DataProto:
+        """Generate with the current policy. Hybrid engine: the actor reshards into its own vLLM
+        inside the call. Split: the actor group first sends new weights to the generation group, both
+        groups working at once, and the sync's metrics join the generation's."""
+        if self.generator is None:
+            return self.actor.generate_sequences(prompts)
+        sync = self.push_weights()
+        out = self.generator.generate_sequences(prompts)
+        if sync:
+            out.meta_info[METRICS_KEY] = list(out.meta_info.get(METRICS_KEY) or []) + [sync]
+        return out
+
+    def push_weights(self) -> dict[str, float]:
+        """Split placement: after an update, training shards go straight into the generation group's
+        vLLM over the channel (`send_weights` and `receive_weights` run together)."""
+        if not any(self.actor.weights_stale()):
+            return {}
+        t0 = time.perf_counter()
+        sending = self.actor.send_weights(blocking=False)
+        receiving = self.generator.receive_weights(blocking=False)
+        sent, received = sending.get(), receiving.get()
+        out = {k: max(r[k] for r in sent) for k in sent[0]}
+        out.update({k: max(r[k] for r in received) for k in received[0]})
+        out["timing_s/update_weights"] = time.perf_counter() - t0
+        return out
 
     def shutdown(self) -> None:
         seen = set()
-        for group in (self.actor, self.critic, self.ref, self.reward_model):
+        for group in (self.actor, self.critic, self.ref, self.reward_model, self.generator):
             if group is not None and id(group.hosts) not in seen:
                 seen.add(id(group.hosts))
                 group.shutdown()
@@ -51,9 +88,13 @@ def role_specs(cfg: RunConfig, *, actor_path: str, critic_path: str) -> dict[str
     # Dr. GRPO's seq-mean-token-sum-norm divides by a constant: the maximum response length.
     algorithm = dataclasses.replace(cfg.algorithm, loss_scale_factor=cfg.algorithm.loss_scale_factor
                                     or float(cfg.data.response_length))
+    split = cfg.resources.placement == "split"  # generation in its own group, not the actor's processes
     specs = {"actor": RoleSpec(worker_class(cfg.actor.worker_cls, ActorWorker), kwargs=dict(
-        model_path=actor_path, actor=cfg.actor, algorithm=algorithm, rollout=cfg.rollout,
+        model_path=actor_path, actor=cfg.actor, algorithm=algorithm, rollout=None if split else cfg.rollout,
         max_model_len=max_len, total_steps=total, seed=cfg.trainer.seed))}
+    if split:
+        specs["rollout"] = RoleSpec(GeneratorWorker, kwargs=dict(model_path=actor_path, rollout=cfg.rollout,
+                                                                 max_model_len=max_len, seed=cfg.trainer.seed))
     if cfg.uses_critic:
         specs["critic"] = RoleSpec(worker_class(cfg.critic.worker_cls, CriticWorker), kwargs=dict(
             model_path=critic_path, critic=cfg.critic, loss_agg_mode=cfg.algorithm.loss_agg_mode or "token-mean",
@@ -94,5 +135,25 @@ def build_roles(cfg: RunConfig, *, actor_path: str, critic_path: str) -> RunRole
                             kwargs=dict(model_paths=cfg.reward.model_paths, ensemble=cfg.reward.ensemble), env=env,
                             collective_timeout_s=timeout)
         pools.append(pool)
-    return RunRoles(actor=groups["actor"], critic=groups.get("critic"), ref=groups.get("ref"),
-                    reward_model=rm, pools=pools)
+    roles = RunRoles(actor=groups["actor"], critic=groups.get("critic"), ref=groups.get("ref"),
+                     reward_model=rm, pools=pools, rollout_tp=cfg.rollout.tp, generator=groups.get("rollout"))
+    if roles.generator is not None:
+        open_weight_channel(roles.actor, roles.generator, gen_tp=cfg.rollout.tp, bucket_bytes=cfg.rollout.bucket_bytes,
+                            timeout_s=timeout)
+    return roles
+
+
+def open_weight_channel(actor: RayWorkerGroup, generator: RayWorkerGroup, *, gen_tp: int, bucket_bytes: int,
+                        timeout_s: float) -> None:
+    """Join every process of both groups in the weight channel (rendezvous on the actor's rank 0)
+    and let each side plan the same sync."""
+    import ray
+
+    addr, port = ray.get(actor.hosts.actors[0].address.remote())
+    metas, layout = actor.weight_plan_inputs()[0]
+    joining = [actor.join_weight_channel(addr=addr, port=port, gen_tp=gen_tp, gen_world=generator.world_size,
+                                         bucket_bytes=bucket_bytes, timeout_s=timeout_s, blocking=False),
+               generator.join_weight_channel(addr=addr, port=port, train_layout=layout, metas=metas,
+                                             bucket_bytes=bucket_bytes, timeout_s=timeout_s, blocking=False)]
+    for fut in joining:
+        fut.get()

@@ -43,6 +43,10 @@ CASES = {
                                  "algorithm.use_kl_loss=false", "rollout.temperature=1.5"],
                    {"timing_s/gen", "timing_s/reward", "timing_s/step"}),
     "sft": ("sft_tiny", ["data.train_batch_size=16"], {"timing_s/update_actor", "timing_s/step"}),
+    # vLLM in its own process, weights pushed over the channel; critic and actor each in their own
+    "ppo_split": ("ppo_tiny", ["data.train_batch_size=16", "resources.placement=split", "actor.dp=1", "critic.dp=1",
+                               "+resources.split_procs={actor: 1, rollout: 1}"],
+                  BASE_TIMERS | {"timing_s/values", "timing_s/update_critic"}),
 }
 
 

@@ -1,0 +1,70 @@
+"""GeneratorWorker: the rollout engine in its own worker group (split placement). Its processes
+hold only vLLM; after each actor update the training group sends the new weights over a
+`P2PChannel` straight into vLLM's tp slices (`receive_weights`, collective with the actor's
+`send_weights`), bucket by bucket, never through the driver and never as full gathers."""
+
+from __future__ import annotations
+
+import torch
+
+from rlframe.config.schema import RolloutSection
+from rlframe.controller import Dispatch, Mesh, Worker, register
+from rlframe.controller.dispatch import METRICS_KEY
+from rlframe.protocol import DataProto
+from rlframe.resharding.channel import P2PChannel
+from rlframe.resharding.executor import execute_plan
+from rlframe.resharding.layout import Layout
+from rlframe.utils.timing import timed
+from rlframe.workers.common import rollout_config
+from rlframe.workers.engines.base import resolve_mixed_precision
+from rlframe.workers.rollout import SamplingConfig, build_rollout_engine
+from rlframe.workers.weight_plan import split_generation_layout, vllm_plan
+
+
+class GeneratorWorker(Worker):
+    def __init__(self, *, model_path: str, rollout: RolloutSection, max_model_len: int, seed: int = 0):
+        on_gpu = torch.cuda.is_available()
+        dtype = torch.bfloat16 if resolve_mixed_precision(None, on_gpu=on_gpu) else torch.float32  # as training
+        self.model_path, self.tp = model_path, rollout.tp
+        self.set_mesh(Mesh.of(dp=self.world_size // rollout.tp, tp=rollout.tp))
+        self.rollout = build_rollout_engine(model_path, config=rollout_config(
+            rollout, max_model_len=max_model_len, seed=seed, compute_dtype=dtype, on_gpu=on_gpu))
+
+    @register(dispatch=Dispatch.ONE_TO_ALL)
+    def join_weight_channel(self, *, addr: str, port: int, train_layout: Layout, metas: dict, bucket_bytes: int,
+                            timeout_s: float) -> None:
+        """Join the channel after the training group's ranks and plan the same sync they planned."""
+        self._channel = P2PChannel(addr=addr, port=port, rank=train_layout.size + self.rank,
+                                   world_size=train_layout.size + self.world_size, timeout_s=timeout_s)
+        dst = split_generation_layout(train_layout, tp=self.tp, world=self.world_size)
+        self._plan = vllm_plan(metas, src=train_layout, dst=dst, model_path=self.model_path)
+        self.bucket_bytes = bucket_bytes
+
+    @register(dispatch=Dispatch.ONE_TO_ALL)
+    def receive_weights(self) -> dict[str, float]:
+        with self.rollout.weight_update() as consume:
+            stats = execute_plan(self._plan, local={}, consumer=consume, bucket_bytes=self.bucket_bytes,
+                                 channel=self._channel)
+        recv = self.rollout.last_sync_stats
+        return {"reshard/bytes_received_mb": stats.bytes_received / 2**20,
+                "reshard/peak_extra_mb": stats.peak_extra_bytes / 2**20, "reshard/buckets": stats.num_buckets,
+                "reshard/recv_peak_held_mb": recv.peak_held_bytes / 2**20}
+
+    @register(dispatch=Dispatch.ONE_TO_ALL)
+    def planned_bytes_received(self) -> int:
+        """What the plan says this rank receives (its whole vLLM box: it holds nothing before)."""
+        return self._plan.bytes_received(self._channel.rank)
+
+    @register(dispatch=Dispatch.DP_COMPUTE)
+    def generate_sequences(self, prompts: DataProto) -> DataProto:
+        """Sample responses for this replica's prompts (`meta_info["sampling"]`), as the actor does
+        in the hybrid engine."""
+        sampling = SamplingConfig(**prompts.meta_info["sampling"])
+        timing: dict[str, float] = {}
+        with timed(timing, "gen_local"):
+            out = self.rollout.generate(prompts, sampling)
+        out.meta_info = {METRICS_KEY: timing}
+        return out
+
+    def close(self) -> None:
+        self.rollout.shutdown()

@@ -1,0 +1,30 @@
+"""The resharding plan from a training layout into vLLM's tp slices, for the hybrid engine (both
+layouts in one group) and for split placement (the generation group's ranks follow the training
+group's on a `P2PChannel`). Both sides of a split sync build the same plan from the same inputs."""
+
+from __future__ import annotations
+
+from transformers import AutoConfig
+
+from rlframe.resharding.layout import Layout
+from rlframe.resharding.planner import Plan, plan_reshard
+from rlframe.workers.rollout.weight_sync import vllm_tp_box
+
+
+def vllm_plan(metas: dict, *, src: Layout, dst: Layout, model_path: str) -> Plan:
+    """Training shards (`metas`: HF name -> ParamMeta) into vLLM's boxes (padded vocabulary,
+    replicated kv heads) for every rank of `dst`."""
+    hf = AutoConfig.from_pretrained(model_path)
+    head_dim = getattr(hf, "head_dim", None) or hf.hidden_size // hf.num_attention_heads
+
+    def vllm_box(name, shape, rank):
+        return vllm_tp_box(name, shape, tp_rank=dst.coords_of(rank)[1], tp_size=dst.tp,
+                           num_kv_heads=hf.num_key_value_heads, head_dim=head_dim)
+
+    return plan_reshard(metas, src=src, dst=dst, num_layers=hf.num_hidden_layers, dst_box=vllm_box)
+
+
+def split_generation_layout(train: Layout, *, tp: int, world: int) -> Layout:
+    """The generation group's layout on the channel: its `world` ranks come after the training
+    group's (channel ranks train.size .. train.size + world - 1), vLLM's consecutive tp groups."""
+    return Layout(tp=tp, dp=world // tp, ranks=tuple(range(train.size, train.size + world)))
