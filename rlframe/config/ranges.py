@@ -110,6 +110,8 @@ RANGES: dict[str, Rule] = {
     "trainer.max_restarts": at_least(0, " (0: a dead worker ends the run)"),
     "trainer.max_nonfinite_steps": POSITIVE_INT,
     "trainer.collective_timeout_s": at_least(10, " (seconds; a checkpoint write or model load on one rank must fit)"),
+    "trainer.max_staleness": at_least(0, " (0: synchronous)"),
+    "algorithm.tis_cap": at_least(1.0, " (the largest importance weight kept)"),
 }
 
 
@@ -122,7 +124,8 @@ def _choices() -> dict[str, tuple]:
              (("strategy", ("fsdp", "megatron")), ("lr_schedule", LR_SCHEDULES))}
     return {"model.tiny_preset": tuple(sorted(PRESETS)), "data.task": (None, *TASKS), **roles,
             "rollout.backend": ("auto", "vllm", "hf"), "reward.ensemble": ("mean", "min"),
-            "resources.placement": ("colocated", "split"), "trainer.loggers": SINKS}
+            "resources.placement": ("colocated", "split"), "trainer.loggers": SINKS,
+            "algorithm.off_policy_correction": ("none", "behaviour", "tis")}
 
 
 def lookup(cfg: RunConfig, key: str):

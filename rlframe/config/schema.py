@@ -74,6 +74,12 @@ class AlgorithmConfig:
     overlong_buffer_len: int = 0  # DAPO overlong shaping (0: off)
     overlong_penalty_factor: float = 1.0
     dpo_beta: float = 0.1  # online DPO
+    # Off-policy correction for rollouts older than the weights being trained (trainer.max_staleness
+    # > 0): none (PPO's ratio against the current weights' log-probs), behaviour (PPO's ratio against
+    # the rollout engine's own log-probs), tis (none, with each token's advantage weighted by the
+    # truncated importance weight min(pi_old / pi_behaviour, tis_cap)).
+    off_policy_correction: str = "none"
+    tis_cap: float = 2.0
 
 
 @dataclass
@@ -173,6 +179,9 @@ class TrainerConfig:
     # How long a collective (barrier, all-reduce) in a worker group waits for its slowest rank: long
     # enough for one rank's multi-GB checkpoint write or model load while the others wait.
     collective_timeout_s: float = 1800.0
+    # Asynchronous training (placement=split): the rollout for step t may come from the weights of step
+    # t-1-k or later, so generation of the next batches overlaps training. 0: synchronous.
+    max_staleness: int = 0
 
 
 @dataclass

@@ -160,6 +160,18 @@ def _check_kl_and_sampling(cfg: RunConfig, out: list[str]) -> None:
         out.append(f"algorithm.overlong_buffer_len={alg.overlong_buffer_len} must be at most "
                    f"data.response_length={data.response_length} (the penalty ramps over the last "
                    "overlong_buffer_len tokens of the budget); lower it, or 0 to turn shaping off")
+    k = cfg.trainer.max_staleness
+    if k > 0:
+        if cfg.resources.placement != "split":
+            out.append(f"trainer.max_staleness={k} overlaps generation with training, which needs the rollout in "
+                       "its own processes: set resources.placement=split (or max_staleness=0)")
+        blocked = [what for what, on in (("algorithm.name=remax", alg.adv_estimator == "remax"),
+                                         ("algorithm.dynamic_sampling=true", alg.dynamic_sampling),
+                                         (f"algorithm.name={alg.name}", alg.name in ("online_dpo", "sft")))
+                   if on]
+        if blocked:
+            out.append(f"trainer.max_staleness={k} is not available with {', '.join(blocked)} (their generation is "
+                       "not one batch per step); use max_staleness=0")
     if alg.dynamic_sampling and alg.n_samples < 2:
         out.append(f"algorithm.dynamic_sampling=true keeps groups whose rewards differ, which needs "
                    f"algorithm.n_samples >= 2 (got {alg.n_samples}); raise n_samples or turn dynamic_sampling off")

@@ -5,6 +5,8 @@ hold only vLLM; after each actor update the training group sends the new weights
 
 from __future__ import annotations
 
+import time
+
 import torch
 
 from rlframe.config.schema import RolloutSection
@@ -60,9 +62,10 @@ class GeneratorWorker(Worker):
         """Sample responses for this replica's prompts (`meta_info["sampling"]`), as the actor does
         in the hybrid engine."""
         sampling = SamplingConfig(**prompts.meta_info["sampling"])
-        timing: dict[str, float] = {}
+        timing: dict[str, float] = {"async/gen_start_unix": time.time()}  # wall clock: overlap with training
         with timed(timing, "gen_local"):
             out = self.rollout.generate(prompts, sampling)
+        timing["async/gen_end_unix"] = time.time()
         out.meta_info = {METRICS_KEY: timing}
         return out
 

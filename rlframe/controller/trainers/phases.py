@@ -26,18 +26,36 @@ def sampling_for(cfg: RunConfig, *, n: int, temperature: float, seed: int) -> Sa
                           max_new_tokens=cfg.data.response_length, seed=seed)
 
 
-def generate(roles, prompts: DataProto, *, sampling: SamplingConfig, replicas: int) -> tuple[DataProto, dict]:
-    """n samples per prompt from `roles.generate_sequences` (RunRoles: the hybrid engine's actor, or
-    the generation group after a weight push); prompt fields repeated alongside (samples adjacent)."""
+class PendingGeneration:
+    """A generation in flight (`launch_generation`); `result()` waits for it and returns the rollout
+    batch and its metrics."""
+
+    def __init__(self, prompts: DataProto, future, *, pad: int, n: int):
+        self.prompts, self.future, self.pad, self.n = prompts, future, pad, n
+
+    def result(self) -> tuple[DataProto, dict]:
+        out = self.future.get()
+        metrics = gathered(out, reduce="max")  # the slowest replica sets the pace
+        out.meta_info = {}
+        out = out.unpad(self.pad * self.n)
+        batch = self.prompts.select(batch_keys=[], non_tensor_keys=self.prompts.non_tensor_keys).repeat(self.n)
+        return batch.union(out), metrics
+
+
+def launch_generation(roles, prompts: DataProto, *, sampling: SamplingConfig, replicas: int,
+                      push: bool = True) -> PendingGeneration:
+    """Start n samples per prompt from `roles.generate_sequences` (RunRoles: the hybrid engine's
+    actor, or the generation group after a weight push) without waiting for them."""
     gen_in = prompts.select(batch_keys=PROMPT_KEYS)
     gen_in.meta_info = {"sampling": asdict(sampling)}
     gen_in, pad = gen_in.pad_to_divisor(replicas)
-    out = roles.generate_sequences(gen_in)
-    metrics = gathered(out, reduce="max")  # the slowest replica sets the pace
-    out.meta_info = {}
-    out = out.unpad(pad * sampling.n)
-    batch = prompts.select(batch_keys=[], non_tensor_keys=prompts.non_tensor_keys).repeat(sampling.n)
-    return batch.union(out), metrics
+    return PendingGeneration(prompts, roles.generate_sequences(gen_in, blocking=False, push=push), pad=pad,
+                             n=sampling.n)
+
+
+def generate(roles, prompts: DataProto, *, sampling: SamplingConfig, replicas: int) -> tuple[DataProto, dict]:
+    """n samples per prompt; prompt fields repeated alongside (samples of a prompt adjacent)."""
+    return launch_generation(roles, prompts, sampling=sampling, replicas=replicas).result()
 
 
 def decode_responses(tokenizer, batch: DataProto) -> list[str]:
@@ -85,7 +103,34 @@ def update_is_on_policy(cfg: RunConfig, *, rows: int) -> bool:
     before the update: a KL penalty in the reward (computed from them on the driver)."""
     actor, alg = cfg.actor, cfg.algorithm
     return (actor.ppo_epochs == 1 and actor.mini_batch_size >= rows and not alg.kl_in_reward
-            and alg.name != "online_dpo")
+            and alg.name != "online_dpo" and cfg.trainer.max_staleness == 0)
+
+
+def needs_old_log_probs(cfg: RunConfig, *, rows: int) -> bool:
+    """Whether the actor must compute `old_log_probs` before the update: not when the update is
+    exactly on-policy, nor when the behaviour policy's own log-probs (vLLM's) serve as them."""
+    if update_is_on_policy(cfg, rows=rows):
+        return False
+    return not (cfg.trainer.max_staleness > 0 and cfg.algorithm.off_policy_correction == "behaviour")
+
+
+def off_policy_correction(batch: DataProto, *, cfg: RunConfig) -> tuple[DataProto, dict]:
+    """Rollouts from older weights (asynchronous training). `behaviour`: the PPO ratio is taken
+    against the rollout engine's log-probs (the trainer made them `old_log_probs`). `tis`: each token's
+    advantage is weighted by min(pi_old / pi_behaviour, tis_cap) (truncated importance sampling;
+    a positive weight on the advantage weights PPO's clipped term alike). `none`: neither. Metrics:
+    the importance weights' mean and max over response tokens and the fraction the cap clipped."""
+    alg, b = cfg.algorithm, batch.batch
+    mask = b["response_mask"].bool()
+    if alg.off_policy_correction == "behaviour":  # old_log_probs are the rollout's already
+        return batch, {}
+    w = torch.exp(b["old_log_probs"] - b["rollout_log_probs"])
+    m = {"async/is_weight_mean": float(w[mask].mean()) if mask.any() else 1.0,
+         "async/is_weight_max": float(w[mask].max()) if mask.any() else 1.0}
+    if alg.off_policy_correction == "tis":
+        m["async/is_clipped_frac"] = float((w[mask] > alg.tis_cap).float().mean()) if mask.any() else 0.0
+        b["advantages"] = b["advantages"] * torch.clamp(w, max=alg.tis_cap) * mask
+    return batch, m
 
 
 def reference_kl(batch: DataProto) -> dict:

@@ -17,6 +17,7 @@ One step, as the driver sees it (each line one call on a worker group, or a pure
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import torch
@@ -28,6 +29,7 @@ from rlframe.config.schema import RunConfig
 from rlframe.config.validate import role_world_sizes
 from rlframe.controller import startup
 from rlframe.controller.trainers import phases
+from rlframe.controller.trainers.async_rollout import RolloutPipeline
 from rlframe.controller.trainers.checkpoint import CheckpointManager, driver_rng_state, restore_driver_rng
 from rlframe.controller.trainers.metrics import batch_metrics, gathered, overhead, throughput
 from rlframe.controller.trainers.prepare import build_data, model_path
@@ -68,6 +70,7 @@ class PPOTrainer:
                                config=to_dict(cfg), plot=cfg.trainer.plot)
         self.ckpt = CheckpointManager(self.run_dir, keep=cfg.trainer.keep_checkpoints)
         self.step = 0
+        self.pipeline = None  # made after resume (asynchronous rollouts, trainer.max_staleness > 0)
 
     # ---- the loop ------------------------------------------------------------------------------
     def fit(self) -> dict:
@@ -80,6 +83,8 @@ class PPOTrainer:
             say(format_console(0, cfg.total_steps, val))
             startup.mark("validation at step 0")
         say(startup.summary())
+        if cfg.max_staleness > 0:
+            self.pipeline = RolloutPipeline(self, max_staleness=cfg.max_staleness)
         first = self.step + 1
         bar = progress(total=cfg.total_steps, initial=self.step, enabled=cfg.progress_bar)
         for self.step in range(self.step + 1, cfg.total_steps + 1):
@@ -93,6 +98,8 @@ class PPOTrainer:
             if self.step == cfg.total_steps or (cfg.save_every > 0 and self.step % cfg.save_every == 0):
                 self.save()
         bar.close()
+        if self.pipeline is not None:
+            self.pipeline.drain()
         return self.finish()
 
     def train_step(self) -> dict:
@@ -100,7 +107,8 @@ class PPOTrainer:
         alg, m = self.cfg.algorithm, {}
         with record_calls() as calls, timed(t, "step"):
             with timed(t, "gen"):
-                batch, gen_m = self.rollout(self.next_prompts())
+                batch, gen_m = self.next_rollout()
+            train_start = time.time()  # wall clock: asynchronous generation overlaps from here
             with timed(t, "reward"):
                 batch, reward_m = self.score(batch)
             if alg.dynamic_sampling:
@@ -111,14 +119,19 @@ class PPOTrainer:
                 with timed(t, "ref"):
                     batch = batch.union(self.roles.ref.compute_ref_log_prob(batch))
             on_policy = phases.update_is_on_policy(self.cfg, rows=len(batch))
-            if not on_policy:  # on-policy: the update's own log-probs, detached, are the old ones
+            if phases.needs_old_log_probs(self.cfg, rows=len(batch)):  # on-policy: the update's own, detached
                 with timed(t, "old_log_prob"):
                     batch = batch.union(self.roles.actor.compute_log_prob(batch).select(batch_keys=["old_log_probs"]))
+            elif not on_policy:  # asynchronous, behaviour correction: the rollout engine's log-probs
+                batch.batch["old_log_probs"] = batch.batch["rollout_log_probs"].clone()
             if self.roles.critic is not None:
                 with timed(t, "values"):
                     batch = batch.union(self.roles.critic.compute_values(batch))
             with timed(t, "adv"):
                 batch, adv_m = phases.advantages(batch, cfg=self.cfg, kl_ctrl=self.kl_ctrl)
+                if self.pipeline is not None:  # the rollouts may be older than the weights being trained
+                    batch, is_m = phases.off_policy_correction(batch, cfg=self.cfg)
+                    adv_m.update(is_m)
             adv_m.update(phases.reference_kl(batch))
             batch.meta_info = {"global_step": self.step, "temperature": self.cfg.rollout.temperature,
                                "on_policy": on_policy}
@@ -127,6 +140,8 @@ class PPOTrainer:
                     m.update(gathered(self.roles.critic.update_critic(batch)))
             with timed(t, "update_actor"):
                 m.update(gathered(self.roles.actor.update_actor(batch)))
+            if self.pipeline is not None:
+                m.update({"async/train_start_unix": train_start, "async/train_end_unix": time.time()})
         t["timing_s/update_weights"] = gen_m.pop("timing_s/update_weights", 0.0)
         m.update({**gen_m, **reward_m, **adv_m, **t, **phases.logprob_consistency(batch),
                   **batch_metrics(batch, response_length=self.cfg.data.response_length),
@@ -136,14 +151,22 @@ class PPOTrainer:
         return m
 
     # ---- phases --------------------------------------------------------------------------------
+    def next_rollout(self) -> tuple[DataProto, dict]:
+        """This step's batch: generated now by the current weights (synchronous), or earlier by weights
+        at most trainer.max_staleness updates older (asynchronous: async_rollout.RolloutPipeline)."""
+        if self.pipeline is None:
+            return self.rollout(self.next_prompts())
+        return self.pipeline.next(self.step)
+
     def next_prompts(self) -> DataProto:
         prompts = to_dataproto(next(self.loader))
         self._batches_drawn = getattr(self, "_batches_drawn", 0) + 1  # unique uids across DAPO refills
         prompts.non_tensor_batch["uid"] = phases.uids(f"{self.step}-{self._batches_drawn}", len(prompts))
         return prompts
 
-    def sample_seed(self, salt: int = 0) -> int:
-        return (self.cfg.trainer.seed * 1_000_003 + self.step * 101 + salt) % (2**31)
+    def sample_seed(self, salt: int = 0, step: int | None = None) -> int:
+        step = self.step if step is None else step
+        return (self.cfg.trainer.seed * 1_000_003 + step * 101 + salt) % (2**31)
 
     def rollout(self, prompts: DataProto, salt: int = 0) -> tuple[DataProto, dict]:
         alg = self.cfg.algorithm
@@ -201,7 +224,8 @@ class PPOTrainer:
                 self.roles.critic.save_checkpoint(str(tmp / "critic"))
 
         self.ckpt.save(self.step, save_roles=save_roles, state={
-            "dataloader": self.loader.state_dict(), "kl_ctrl": self.kl_ctrl.state_dict(), "rng": driver_rng_state()})
+            "dataloader": self.loader.state_dict() if self.pipeline is None else self.pipeline.loader_state(),
+            "kl_ctrl": self.kl_ctrl.state_dict(), "rng": driver_rng_state()})
 
     def resume(self) -> None:
         path = self.ckpt.resolve(self.cfg.trainer.resume)

@@ -34,17 +34,17 @@ class RunRoles:
         """Generation replicas: the generating group's processes / rollout tp."""
         return (self.generator or self.actor).world_size // self.rollout_tp
 
-    def generate_sequences(self, prompts: DataProto) -> DataProto:
+    def generate_sequences(self, prompts: DataProto, *, blocking: bool = True, push: bool = True):
         """Generate with the current policy. Hybrid engine: the actor reshards into its own vLLM
         inside the call. Split: the actor group first sends new weights to the generation group, both
-        groups working at once, and the sync's metrics join the generation's."""
+        groups working at once, and the sync's metrics join the generation's. blocking=False returns
+        a future (`.get()`): the generation group works while the driver goes on. push=False
+        generates with whatever weights the generation group holds (asynchronous training decides)."""
         if self.generator is None:
-            return self.actor.generate_sequences(prompts)
-        sync = self.push_weights()
-        out = self.generator.generate_sequences(prompts)
-        if sync:
-            out.meta_info[METRICS_KEY] = list(out.meta_info.get(METRICS_KEY) or []) + [sync]
-        return out
+            return self.actor.generate_sequences(prompts, blocking=blocking)
+        sync = self.push_weights() if push else {}  # first: the generation group runs its calls in order
+        pending = _MergedMetrics(self.generator.generate_sequences(prompts, blocking=False), sync)
+        return pending.get() if blocking else pending
 
     def push_weights(self) -> dict[str, float]:
         """Split placement: after an update, training shards go straight into the generation group's
@@ -68,6 +68,19 @@ class RunRoles:
                 group.shutdown()
         for pool in self.pools:
             pool.release()
+
+
+class _MergedMetrics:
+    """A generation future whose result carries the weight push's metrics as one more row."""
+
+    def __init__(self, future, sync: dict[str, float]):
+        self.future, self.sync = future, sync
+
+    def get(self) -> DataProto:
+        out = self.future.get()
+        if self.sync:
+            out.meta_info[METRICS_KEY] = list(out.meta_info.get(METRICS_KEY) or []) + [self.sync]
+        return out
 
 
 def worker_class(target: str | None, default: type) -> type:
