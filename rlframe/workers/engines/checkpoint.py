@@ -112,12 +112,13 @@ def check_shared_storage(tmp: str, *, is_first: bool, group) -> None:
     except OSError:
         seen = False
     views = _all_gather((_rank_world(group)[0], socket.gethostname(), seen), group)
+    blind = [(rank, host) for rank, host, ok in views if not ok]
     if is_first:
         os.remove(os.path.join(tmp, _PROBE))
-    blind = [(rank, host) for rank, host, ok in views if not ok]
-    if blind:
-        if is_first:
+        if blind:
             shutil.rmtree(tmp, ignore_errors=True)
+    _all_gather(None, group)  # every rank returns after the probe (or the refused directory) is gone
+    if blind:
         raise SharedStorageError(
             f"checkpoint directory {os.path.dirname(tmp)!r} is not on storage shared by all ranks: ranks "
             f"{[r for r, _ in blind]} on hosts {sorted({h for _, h in blind})} do not see the file the first rank "
