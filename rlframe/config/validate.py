@@ -167,7 +167,7 @@ def _check_kl_and_sampling(cfg: RunConfig, out: list[str]) -> None:
                        "its own processes: set resources.placement=split (or max_staleness=0)")
         blocked = [what for what, on in (("algorithm.name=remax", alg.adv_estimator == "remax"),
                                          ("algorithm.dynamic_sampling=true", alg.dynamic_sampling),
-                                         (f"algorithm.name={alg.name}", alg.name in ("online_dpo", "sft")))
+                                         (f"algorithm.name={alg.name}", alg.name == "sft"))
                    if on]
         if blocked:
             out.append(f"trainer.max_staleness={k} is not available with {', '.join(blocked)} (their generation is "

@@ -28,7 +28,7 @@ class OnlineDPOTrainer(PPOTrainer):
         m: dict[str, float] = {}
         with timed(t, "step"):
             with timed(t, "gen"):
-                batch, gen_m = self.rollout(self.next_prompts())
+                batch, gen_m = self.next_rollout()  # asynchronous too: DPO's loss has no ratio to correct
             with timed(t, "reward"):
                 batch, reward_m = self.score(batch)
             scores = batch.batch["token_level_scores"].sum(-1)
