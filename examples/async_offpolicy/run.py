@@ -30,7 +30,8 @@ ALGOS = {
     "ppo": ("ppo_tiny", ["+resources.split_procs={actor: 1, critic: 1, ref: 1, rollout: 1}"]),
     "grpo": ("grpo_tiny", ["+resources.split_procs={actor: 1, ref: 1, rollout: 1}"]),
     "online_dpo": ("grpo_tiny", ["+resources.split_procs={actor: 1, ref: 1, rollout: 1}", "algorithm.name=online_dpo",
-                                 "algorithm.n_samples=2", "algorithm.use_kl_loss=false", "actor.mini_batch_size=128", "actor.lr=2e-5",
+                                 "algorithm.n_samples=2", "algorithm.use_kl_loss=false", "actor.mini_batch_size=128",
+                                 "actor.lr=2e-5",
                                  "data.train_batch_size=64"]),
 }
 
@@ -76,8 +77,10 @@ def main() -> None:
                 print(f"{algo} k={k}: {start:.1%} -> {end[1]:.1%} in {end[0]:.1f} s of training", flush=True)
     lines = ["| algorithm | " + " | ".join(f"k={k}" for k in ks) + " |", "|---|" + "---|" * len(ks)]
     for algo in algos:
-        cells = [f"{results[(algo, k)][0][1]:.1%} -> **{results[(algo, k)][-1][1]:.1%}** ({results[(algo, k)][-1][0]:.0f} s)"
-                 for k in ks]
+        cells = []
+        for k in ks:
+            (_, start), (clock, end) = results[(algo, k)][0], results[(algo, k)][-1]
+            cells.append(f"{start:.1%} -> **{end:.1%}** ({clock:.0f} s)")
         lines.append(f"| {algo} | " + " | ".join(cells) + " |")
     table = "\n".join(lines)
     print(table)

@@ -97,7 +97,8 @@ class ActorWorker(TrainedRole):
         stats = execute_plan(self._split_plan, local=local, consumer=_nothing_arrives, bucket_bytes=self.bucket_bytes,
                              channel=self._channel)
         self._weights_stale = False
-        return {"reshard/bytes_sent_mb": stats.bytes_sent / 2**20, "reshard/send_peak_extra_mb": stats.peak_extra_bytes / 2**20}
+        return {"reshard/bytes_sent_mb": stats.bytes_sent / 2**20,
+                "reshard/send_peak_extra_mb": stats.peak_extra_bytes / 2**20}
 
     @register(dispatch=Dispatch.DP_COMPUTE, mesh="rollout")
     def generate_sequences(self, prompts: DataProto) -> DataProto:
