@@ -61,6 +61,8 @@ def overhead(calls, *, step_time: float) -> dict[str, float]:
     - timing_s/overhead/driver: the driver's own work between calls (reward scoring, advantages,
       batch operations, metrics);
     - timing_s/overhead/total: the step minus the workers' compute (the sum of the four).
+    With groups in their own processes computing at once (split placement), the compute of calls
+    that overlapped is counted for each, so it can exceed the step; the total is then 0.
     """
     compute = sum(c.compute_s for c in calls)
     submit = sum(c.submit_s for c in calls)

@@ -4,6 +4,7 @@ validation. The trainers compose them; each is small and named for its phase."""
 
 from __future__ import annotations
 
+import time
 from dataclasses import asdict
 
 import numpy as np
@@ -56,6 +57,17 @@ def launch_generation(roles, prompts: DataProto, *, sampling: SamplingConfig, re
 def generate(roles, prompts: DataProto, *, sampling: SamplingConfig, replicas: int) -> tuple[DataProto, dict]:
     """n samples per prompt; prompt fields repeated alongside (samples of a prompt adjacent)."""
     return launch_generation(roles, prompts, sampling=sampling, replicas=replicas).result()
+
+
+def wait_in_order(pending: dict, timing: dict):
+    """Yield (name, result) of calls issued together (`blocking=False`), waiting for each in turn;
+    `timing_s/<name>` is the wait for it, so the phase's wall time is the sum of its timers (with
+    roles in one process the calls run one after another in issue order and each timer is its own)."""
+    for name, future in pending.items():
+        t0 = time.perf_counter()
+        out = future.get()
+        timing[f"timing_s/{name}"] = timing.get(f"timing_s/{name}", 0.0) + time.perf_counter() - t0
+        yield name, out
 
 
 def decode_responses(tokenizer, batch: DataProto) -> list[str]:

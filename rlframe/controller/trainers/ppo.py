@@ -115,18 +115,20 @@ class PPOTrainer:
                 with timed(t, "dynamic_sampling"):
                     batch, ds_m = self.fill_with_informative_groups(batch)
                 m.update(ds_m)
-            if self.roles.ref is not None:
-                with timed(t, "ref"):
-                    batch = batch.union(self.roles.ref.compute_ref_log_prob(batch))
+            # reference log-probs, old log-probs and values need only the batch: issued together, so
+            # groups in their own processes (split placement) compute them at once
             on_policy = phases.update_is_on_policy(self.cfg, rows=len(batch))
+            pending = {}
+            if self.roles.ref is not None:
+                pending["ref"] = self.roles.ref.compute_ref_log_prob(batch, blocking=False)
             if phases.needs_old_log_probs(self.cfg, rows=len(batch)):  # on-policy: the update's own, detached
-                with timed(t, "old_log_prob"):
-                    batch = batch.union(self.roles.actor.compute_log_prob(batch).select(batch_keys=["old_log_probs"]))
+                pending["old_log_prob"] = self.roles.actor.compute_log_prob(batch, blocking=False)
             elif not on_policy:  # asynchronous, behaviour correction: the rollout engine's log-probs
                 batch.batch["old_log_probs"] = batch.batch["rollout_log_probs"].clone()
             if self.roles.critic is not None:
-                with timed(t, "values"):
-                    batch = batch.union(self.roles.critic.compute_values(batch))
+                pending["values"] = self.roles.critic.compute_values(batch, blocking=False)
+            for name, out in phases.wait_in_order(pending, t):
+                batch = batch.union(out.select(batch_keys=["old_log_probs"]) if name == "old_log_prob" else out)
             with timed(t, "adv"):
                 batch, adv_m = phases.advantages(batch, cfg=self.cfg, kl_ctrl=self.kl_ctrl)
                 if self.pipeline is not None:  # the rollouts may be older than the weights being trained
@@ -135,11 +137,12 @@ class PPOTrainer:
             adv_m.update(phases.reference_kl(batch))
             batch.meta_info = {"global_step": self.step, "temperature": self.cfg.rollout.temperature,
                                "on_policy": on_policy}
+            updates = {}  # independent: the critic and the actor update at once when in separate groups
             if self.roles.critic is not None:
-                with timed(t, "update_critic"):
-                    m.update(gathered(self.roles.critic.update_critic(batch)))
-            with timed(t, "update_actor"):
-                m.update(gathered(self.roles.actor.update_actor(batch)))
+                updates["update_critic"] = self.roles.critic.update_critic(batch, blocking=False)
+            updates["update_actor"] = self.roles.actor.update_actor(batch, blocking=False)
+            for _, out in phases.wait_in_order(updates, t):
+                m.update(gathered(out))
             if self.pipeline is not None:
                 m.update({"async/train_start_unix": train_start, "async/train_end_unix": time.time()})
         t["timing_s/update_weights"] = gen_m.pop("timing_s/update_weights", 0.0)
