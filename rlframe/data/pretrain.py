@@ -7,9 +7,15 @@ for a small step budget (cross-entropy on the answer and EOS only, prompt tokens
 model learns the format "answer then EOS" and part of the arithmetic. The budget is chosen so the
 result is partially competent (see docs/tiny_model.md for the measured accuracies).
 
+The training runs in a child process (`python -m rlframe.data.pretrain`) started with the
+environment of `REPRODUCIBLE_ENV` and a fixed thread count, so that neither the machine nor the
+caller's torch settings change the result: on x86-64 CPUs with AVX2 (Intel or AMD, with or without
+AVX512, any core count) and the same torch and transformers, the weights are bitwise identical
+(docs/tiny_model.md says what is pinned, what it costs and what still varies).
+
 The result is cached under `cache_dir` (default `$RLFRAME_CACHE` or `~/.cache/rlframe`) in a
 directory named by a hash of everything that determines the weights (preset, task, seed, steps,
-optimiser settings, format version). It is written to a temporary directory and renamed into place,
+optimiser settings, thread count, format version). It is written to a temporary directory and renamed into place,
 so a crash or a concurrent builder never leaves a half-written model behind.
 """
 
@@ -18,7 +24,10 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import platform
 import shutil
+import subprocess
+import sys
 import tempfile
 import time
 from dataclasses import asdict, dataclass
@@ -27,7 +36,36 @@ from pathlib import Path
 from rlframe.data.synthetic import ArithmeticSpec, arithmetic_rows
 
 # Bump when the training recipe changes in a way the key below does not capture.
-FORMAT_VERSION = 2
+# 3: trained in a child process with REPRODUCIBLE_ENV (AVX2 ATen kernels, MKL CNR COMPATIBLE).
+FORMAT_VERSION = 3
+
+# Environment of the pre-training child, in place before torch is loaded there. fp32 results on CPU
+# depend on which kernels run (chosen from the CPU's instruction sets and vendor) and on how sums are
+# split between threads; 350 steps of AdamW turn last-bit differences into different models (held-out
+# accuracy 25.8% on one machine, 44.5% on another). Each setting below removes one such dependence.
+REPRODUCIBLE_ENV: dict[str, str] = {
+    # ATen's vectorised kernels (softmax, RMSNorm, SiLU, reductions, AdamW's element-wise math, the
+    # attention kernel's exp): torch picks the AVX512 build where the CPU has it and the AVX2 build
+    # otherwise, and the two round differently. Pin the AVX2 build; only set where the CPU has AVX2
+    # and FMA (`_cpu_has_avx2`), since torch does not check and the AVX2 build would stop with an
+    # illegal instruction elsewhere.
+    "ATEN_CPU_CAPABILITY": "avx2",
+    # MKL runs every fp32 matmul (torch's CPU linear/mm/addmm and the attention kernel's blocks call
+    # MKL's sgemm; oneDNN is not used for fp32, and the child disables it besides). Its kernels differ
+    # by ISA (AVX512 / AVX2) and by vendor: on AMD CPUs MKL uses its own code path and ignores both
+    # MKL_ENABLE_INSTRUCTIONS and the ISA branches of MKL_CBWR (MKL_CBWR=AVX2 silently becomes AUTO
+    # there), so AVX2 on Intel and on AMD still disagree. COMPATIBLE is the one conditional-numerical-
+    # reproducibility branch MKL honours on every x86-64 CPU: SSE2 code without the approximate
+    # rcpps/rsqrtps, fixed cache sizes, static scheduling. It makes matmuls about 2x slower.
+    "MKL_CBWR": "COMPATIBLE",
+    # MKL and OpenMP use exactly the thread count they are given (the count itself is pinned by
+    # `reproducible_env`, from SFTConfig.threads), never fewer at run time.
+    "MKL_DYNAMIC": "FALSE",
+    "OMP_DYNAMIC": "FALSE",
+    # Cost only, no effect on the numbers: with more than one thread, idle OpenMP threads sleep instead
+    # of spinning, which on a busy machine made a 2-thread build 3 to 5 times slower.
+    "OMP_WAIT_POLICY": "PASSIVE",
+}
 
 # Named task settings for pre-training; the RL demo must generate its data with the same spec
 # and seed so that its test split is held out from what the model saw here.
@@ -41,7 +79,11 @@ class SFTConfig:
     """Optimiser settings of the brief pre-training (AdamW, linear warmup then a constant rate).
 
     The rate stays constant after warmup so that a budget of N steps is a prefix of any longer
-    run: the accuracy-vs-steps table in docs/tiny_model.md comes from one run.
+    run: the accuracy-vs-steps table in docs/tiny_model.md comes from one run. `threads` is the
+    child's thread count whatever the machine has, and part of the recipe (and of the cache key):
+    how sums are split between threads changes the last bits (for the default run 1, 2 and 4
+    threads gave the same weights, 3 did not). One thread is the default: it splits nothing and,
+    on a shared 2-core machine, was as fast as two.
     """
 
     steps: int = 350
@@ -51,7 +93,29 @@ class SFTConfig:
     weight_decay: float = 0.01
     num_train: int = 5000
     num_test: int = 500
-    threads: int = 2
+    threads: int = 1
+
+
+def _cpu_has_avx2() -> bool:
+    """True on x86-64 Linux CPUs with AVX2 and FMA (the test torch applies to pick its AVX2 build)."""
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        return False
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    for line in text.splitlines():
+        if line.startswith("flags"):
+            flags = set(line.split(":", 1)[1].split())
+            return {"avx2", "fma"} <= flags
+    return False
+
+
+def reproducible_env(threads: int) -> dict[str, str]:
+    """The variables the pre-training child is started with: REPRODUCIBLE_ENV and the thread count."""
+    env = {k: v for k, v in REPRODUCIBLE_ENV.items() if k != "ATEN_CPU_CAPABILITY" or _cpu_has_avx2()}
+    env.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
+    return env
 
 
 def default_cache_dir() -> Path:
@@ -59,10 +123,9 @@ def default_cache_dir() -> Path:
 
 
 def cache_key(*, preset: str, task: str, seed: int, cfg: SFTConfig) -> str:
-    """Hash of everything that determines the pre-trained weights (threads excluded on purpose)."""
+    """Hash of everything that determines the pre-trained weights (thread count included)."""
     spec = asdict(TASKS[task]) if task in TASKS else task
     payload = {"v": FORMAT_VERSION, "preset": preset, "task": spec, "seed": seed, **asdict(cfg)}
-    payload.pop("threads")
     blob = json.dumps(payload, sort_keys=True).encode()
     return f"{preset}-{task}-s{seed}-n{cfg.steps}-{hashlib.sha256(blob).hexdigest()[:12]}"
 
@@ -133,6 +196,7 @@ def sft_train(
 
 def _train_into(tmp: Path, *, preset: str, task: str, seed: int, cfg: SFTConfig) -> dict:
     import torch
+    import transformers
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from rlframe.data.tiny_model import build_random_model
@@ -149,9 +213,40 @@ def _train_into(tmp: Path, *, preset: str, task: str, seed: int, cfg: SFTConfig)
         "preset": preset, "task": task, "seed": seed, "sft": asdict(cfg), "format_version": FORMAT_VERSION,
         "sft_wall_s": round(wall, 2), "sft_cpu_s": round(cpu, 2),
         "final_loss": round(sum(losses[-20:]) / len(losses[-20:]), 4),
+        "weights_sha256": hashlib.sha256((tmp / "model.safetensors").read_bytes()).hexdigest(),
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "torch_threads": torch.get_num_threads(),
+        "env": {k: os.environ.get(k) for k in reproducible_env(cfg.threads)},
+        "torch": torch.__version__, "transformers": transformers.__version__,
     }
     (tmp / "rlframe_pretrain.json").write_text(json.dumps(info, indent=2))
     return info
+
+
+def _child_main(argv: list[str]) -> None:
+    """Entry point of the pre-training child: `python -m rlframe.data.pretrain '<json>'`."""
+    args = json.loads(argv[0])
+    cfg = SFTConfig(**args["cfg"])
+    import torch
+
+    torch.set_num_threads(cfg.threads)
+    # Keep fp32 matmuls on MKL (pinned by MKL_CBWR) even in a torch that would route them to oneDNN,
+    # whose kernels are chosen per CPU.
+    torch.backends.mkldnn.enabled = False
+    _train_into(Path(args["out"]), preset=args["preset"], task=args["task"], seed=args["seed"], cfg=cfg)
+
+
+def _train_in_child(tmp: Path, *, preset: str, task: str, seed: int, cfg: SFTConfig) -> None:
+    """Run `_train_into` in a fresh interpreter started with `reproducible_env(cfg.threads)`."""
+    env = dict(os.environ)
+    env.update(reproducible_env(cfg.threads))
+    root = str(Path(__file__).resolve().parents[2])  # the directory holding the rlframe package
+    env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    args = {"out": str(tmp), "preset": preset, "task": task, "seed": seed, "cfg": asdict(cfg)}
+    proc = subprocess.run([sys.executable, "-m", "rlframe.data.pretrain", json.dumps(args)], env=env,
+                          stdin=subprocess.DEVNULL, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise RuntimeError(f"pre-training child failed (exit {proc.returncode}):\n{proc.stderr[-4000:]}")
 
 
 STALE_TEMP_S = 2 * 3600
@@ -179,16 +274,20 @@ def build_pretrained_model(
     """Return the directory of the pre-trained model, training it first if it is not cached.
 
     The directory holds an HF Qwen2 model, the char tokenizer and `rlframe_pretrain.json`
-    (settings, SFT wall time, final loss). Deterministic from `seed` on a given machine and
-    thread count.
+    (settings, SFT wall time, final loss, sha256 of the weights, the pinned environment). The
+    training runs in a child process with REPRODUCIBLE_ENV, so the weights depend only on the
+    arguments and the installed torch/transformers: bitwise identical on x86-64 CPUs with AVX2,
+    whatever the caller's torch settings.
     """
-    import torch
+    from rlframe.data.tiny_model import PRESETS
 
     cfg = cfg or SFTConfig()
     if steps is not None:
         cfg = SFTConfig(**{**asdict(cfg), "steps": steps})
     if task not in TASKS:
         raise ValueError(f"unknown pre-training task {task!r}; choose one of {sorted(TASKS)}")
+    if preset not in PRESETS:
+        raise ValueError(f"unknown model preset {preset!r}; choose one of {sorted(PRESETS)}")
     root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     final = root / "models" / cache_key(preset=preset, task=task, seed=seed, cfg=cfg)
     if (final / "rlframe_pretrain.json").exists():
@@ -196,10 +295,8 @@ def build_pretrained_model(
     final.parent.mkdir(parents=True, exist_ok=True)
     _remove_stale_temp_dirs(final)
     tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=final.parent))
-    threads = torch.get_num_threads()
-    torch.set_num_threads(cfg.threads)
     try:
-        _train_into(tmp, preset=preset, task=task, seed=seed, cfg=cfg)
+        _train_in_child(tmp, preset=preset, task=task, seed=seed, cfg=cfg)
         try:
             os.rename(tmp, final)
         except OSError:
@@ -207,6 +304,9 @@ def build_pretrained_model(
             if not (final / "rlframe_pretrain.json").exists():
                 raise
     finally:
-        torch.set_num_threads(threads)
         shutil.rmtree(tmp, ignore_errors=True)
     return final
+
+
+if __name__ == "__main__":
+    _child_main(sys.argv[1:])
