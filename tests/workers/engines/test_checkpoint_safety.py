@@ -64,8 +64,11 @@ def _save_and_attack(rank, world, model, out):
     engine.save_checkpoint(ck)
     errors = {"clean": _load_error(engine, ck)}
 
-    state = torch.load(f"{ck}/engine_state.pt", weights_only=True)
-    _attack(rank, ck, lambda: torch.save({**state, "steps": Payload(marker)}, f"{ck}/engine_state.pt"))
+    def poison_engine_state():  # rank 0 only: another rank reading the file meanwhile would race it
+        state = torch.load(f"{ck}/engine_state.pt", weights_only=True)
+        torch.save({**state, "steps": Payload(marker)}, f"{ck}/engine_state.pt")
+
+    _attack(rank, ck, poison_engine_state)
     errors["engine_state"] = _load_error(engine, ck)
 
     engine.save_checkpoint(ck)
