@@ -48,7 +48,7 @@ class ActorWorker(TrainedRole):
     # ---- hybrid engine: training layout -> generation layout -----------------------------------
     def _make_reshard_plan(self, *, gen_tp: int):
         src = self.engine.resharding_layout()  # the engine asserts its shards match this layout
-        dst, self.reshard_scheme = generation_layout(src, tp=gen_tp)  # the dry run prints the same
+        dst, _ = generation_layout(src, tp=gen_tp)  # the same layout and scheme the dry run prints
         return vllm_plan(self.engine.param_metas(), src=src, dst=dst, model_path=self.model_path)
 
     def _sync_weights(self) -> dict[str, float]:
