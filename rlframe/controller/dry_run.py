@@ -52,11 +52,9 @@ def layouts(cfg: RunConfig) -> tuple[Layout, Layout, str]:
 
 def runtime_dtype(cfg: RunConfig):
     """The compute dtype the engines and vLLM will use (engines.base.resolve_mixed_precision)."""
-    import torch
+    from rlframe.workers.engines.base import compute_dtype, resolve_mixed_precision
 
-    from rlframe.workers.engines.base import resolve_mixed_precision
-
-    return torch.bfloat16 if resolve_mixed_precision(None, on_gpu=cfg.resources.use_gpu) else torch.float32
+    return compute_dtype(resolve_mixed_precision(None, on_gpu=cfg.resources.use_gpu))
 
 
 def _training_state_bytes(role, n_params: int, wbytes: int) -> float:

@@ -18,7 +18,7 @@ from rlframe.resharding.executor import execute_plan
 from rlframe.resharding.layout import Layout
 from rlframe.utils.timing import timed
 from rlframe.workers.common import rollout_config
-from rlframe.workers.engines.base import resolve_mixed_precision
+from rlframe.workers.engines.base import compute_dtype, resolve_mixed_precision
 from rlframe.workers.rollout import SamplingConfig, build_rollout_engine
 from rlframe.workers.weight_plan import split_generation_layout, vllm_plan
 
@@ -26,7 +26,7 @@ from rlframe.workers.weight_plan import split_generation_layout, vllm_plan
 class GeneratorWorker(Worker):
     def __init__(self, *, model_path: str, rollout: RolloutSection, max_model_len: int, seed: int = 0):
         on_gpu = torch.cuda.is_available()
-        dtype = torch.bfloat16 if resolve_mixed_precision(None, on_gpu=on_gpu) else torch.float32  # as training
+        dtype = compute_dtype(resolve_mixed_precision(None, on_gpu=on_gpu))  # as training
         self.model_path, self.tp = model_path, rollout.tp
         self.set_mesh(Mesh.of(dp=self.world_size // rollout.tp, tp=rollout.tp))
         self.rollout = build_rollout_engine(model_path, config=rollout_config(

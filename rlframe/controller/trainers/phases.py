@@ -4,7 +4,6 @@ validation. The trainers compose them; each is small and named for its phase."""
 
 from __future__ import annotations
 
-import time
 from dataclasses import asdict
 
 import numpy as np
@@ -16,6 +15,7 @@ from rlframe.config.schema import RunConfig
 from rlframe.controller.trainers.metrics import gathered
 from rlframe.protocol import DataProto
 from rlframe.rewards.manager import token_level_scores
+from rlframe.utils.timing import timed
 from rlframe.workers.rollout import SamplingConfig, logprob_diff_metrics
 
 PROMPT_KEYS = ["input_ids", "attention_mask", "position_ids"]
@@ -64,9 +64,8 @@ def wait_in_order(pending: dict, timing: dict):
     `timing_s/<name>` is the wait for it, so the phase's wall time is the sum of its timers (with
     roles in one process the calls run one after another in issue order and each timer is its own)."""
     for name, future in pending.items():
-        t0 = time.perf_counter()
-        out = future.get()
-        timing[f"timing_s/{name}"] = timing.get(f"timing_s/{name}", 0.0) + time.perf_counter() - t0
+        with timed(timing, name):
+            out = future.get()
         yield name, out
 
 

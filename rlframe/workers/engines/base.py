@@ -169,6 +169,11 @@ def resolve_mixed_precision(setting: bool | None, *, on_gpu: bool) -> bool:
     return on_gpu if setting is None else setting
 
 
+def compute_dtype(mixed_precision: bool) -> torch.dtype:
+    """The dtype forward and backward run in: bf16 under mixed precision, else fp32."""
+    return torch.bfloat16 if mixed_precision else torch.float32
+
+
 def check_trainable(config: TrainEngineConfig) -> None:
     if config.frozen:
         raise ValueError("train_step on a frozen engine (a reference policy has no optimizer); "

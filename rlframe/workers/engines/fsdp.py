@@ -25,7 +25,8 @@ import torch.distributed as dist
 from rlframe.workers.engines import checkpoint as ckpt
 from rlframe.workers.engines.accumulate import MetricSums, check_scalar_loss, micro_batch_weights
 from rlframe.workers.engines.base import (
-    BatchedForward, TrainEngine, TrainEngineConfig, check_trainable, require_keys, resolve_mixed_precision,
+    BatchedForward, TrainEngine, TrainEngineConfig, check_trainable, compute_dtype, require_keys,
+    resolve_mixed_precision,
 )
 from rlframe.workers.engines.micro_batch import restore_order
 from rlframe.workers.engines.modeling import load_config, load_model, resolve_attn_implementation
@@ -69,7 +70,7 @@ class FSDPTrainEngine(BatchedForward, TrainEngine):
         self.tp_group = self.mesh.get_group("tp")
         self._flat_group = self.mesh._flatten("dp_tp").get_group()
         self.mixed_precision = resolve_mixed_precision(config.mixed_precision, on_gpu=on_gpu)
-        self.compute_dtype = torch.bfloat16 if self.mixed_precision else torch.float32
+        self.compute_dtype = compute_dtype(self.mixed_precision)
         self.gather_once = not on_gpu if config.gather_once_per_step is None else config.gather_once_per_step
         self.model = self._build_model()
         self.optimizer = build_optimizer(self.model, config)

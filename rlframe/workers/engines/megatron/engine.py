@@ -31,7 +31,7 @@ import torch.distributed as dist
 from rlframe.resharding.layout import Layout
 from rlframe.workers.engines.accumulate import MetricSums, check_scalar_loss, micro_batch_weights
 from rlframe.workers.engines.base import (
-    BatchedForward, TrainEngine, TrainEngineConfig, check_trainable, resolve_mixed_precision,
+    BatchedForward, TrainEngine, TrainEngineConfig, check_trainable, compute_dtype, resolve_mixed_precision,
 )
 from rlframe.workers.engines.megatron import checkpoint as mckpt
 from rlframe.workers.engines.megatron import cpu_compat
@@ -83,7 +83,7 @@ class MegatronTrainEngine(BatchedForward, TrainEngine):
         self.layout_ = Layout(tp=config.tp, dp=config.dp, pp=config.pp)
         self._check_coords()
         mixed = resolve_mixed_precision(config.mixed_precision, on_gpu=self.on_gpu)
-        self.params_dtype = self.compute_dtype = torch.bfloat16 if mixed else torch.float32
+        self.params_dtype = self.compute_dtype = compute_dtype(mixed)
         with cpu_compat.redirect():
             self.model, self.optimizer = self._build()
         self.pad_token_id = int(self.hf_config.pad_token_id or 0)
