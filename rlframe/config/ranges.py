@@ -111,6 +111,7 @@ RANGES: dict[str, Rule] = {
     "trainer.max_nonfinite_steps": POSITIVE_INT,
     "trainer.collective_timeout_s": at_least(10, " (seconds; a checkpoint write or model load on one rank must fit)"),
     "trainer.max_staleness": at_least(0, " (0: synchronous)"),
+    "rollout.partial_budget": at_least(0, " (0: whole responses in one round)"),
     "algorithm.tis_cap": at_least(1.0, " (the largest importance weight kept)"),
 }
 

@@ -122,6 +122,9 @@ class RolloutSection:
     gpu_memory_utilization: float = 0.1
     kv_cache_bytes: int | None = None  # null: 256 MiB on CPU; on GPU what gpu_memory_utilization leaves
     bucket_bytes: int = 256 << 20  # resharding bucket size
+    # Partial rollouts (0: off): each generation round gives an unfinished response at most this many
+    # tokens; the rest is carried over and continued with the weights of later steps.
+    partial_budget: int = 0
 
 
 @dataclass

@@ -172,6 +172,20 @@ def _check_kl_and_sampling(cfg: RunConfig, out: list[str]) -> None:
         if blocked:
             out.append(f"trainer.max_staleness={k} is not available with {', '.join(blocked)} (their generation is "
                        "not one batch per step); use max_staleness=0")
+    b = cfg.rollout.partial_budget
+    if b > 0:
+        blocked = [what for what, on in (("trainer.max_staleness > 0", k > 0),
+                                         ("algorithm.name=remax", alg.adv_estimator == "remax"),
+                                         ("algorithm.dynamic_sampling=true", alg.dynamic_sampling),
+                                         (f"algorithm.name={alg.name}", alg.name == "sft"))
+                   if on]
+        if blocked:
+            out.append(f"rollout.partial_budget={b} is not available with {', '.join(blocked)} (partial rollouts "
+                       "carry unfinished responses from one step's generation to the next, which those "
+                       "generate differently); use partial_budget=0")
+        elif b >= data.response_length:
+            out.append(f"rollout.partial_budget={b} is at least data.response_length={data.response_length}, so no "
+                       "response is ever cut; lower it to cut long responses, or 0 to turn partial rollouts off")
     if alg.dynamic_sampling and alg.n_samples < 2:
         out.append(f"algorithm.dynamic_sampling=true keeps groups whose rewards differ, which needs "
                    f"algorithm.n_samples >= 2 (got {alg.n_samples}); raise n_samples or turn dynamic_sampling off")

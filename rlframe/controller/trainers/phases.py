@@ -114,7 +114,13 @@ def update_is_on_policy(cfg: RunConfig, *, rows: int) -> bool:
     before the update: a KL penalty in the reward (computed from them on the driver)."""
     actor, alg = cfg.actor, cfg.algorithm
     return (actor.ppo_epochs == 1 and actor.mini_batch_size >= rows and not alg.kl_in_reward
-            and alg.name != "online_dpo" and cfg.trainer.max_staleness == 0)
+            and alg.name != "online_dpo" and not off_policy(cfg))
+
+
+def off_policy(cfg: RunConfig) -> bool:
+    """Whether a batch may hold tokens sampled by weights older than those being trained:
+    asynchronous rollouts, or partial rollouts continued across updates."""
+    return cfg.trainer.max_staleness > 0 or cfg.rollout.partial_budget > 0
 
 
 def needs_old_log_probs(cfg: RunConfig, *, rows: int) -> bool:
@@ -122,7 +128,7 @@ def needs_old_log_probs(cfg: RunConfig, *, rows: int) -> bool:
     exactly on-policy, nor when the behaviour policy's own log-probs (vLLM's) serve as them."""
     if update_is_on_policy(cfg, rows=rows):
         return False
-    return not (cfg.trainer.max_staleness > 0 and cfg.algorithm.off_policy_correction == "behaviour")
+    return not (off_policy(cfg) and cfg.algorithm.off_policy_correction == "behaviour")
 
 
 def off_policy_correction(batch: DataProto, *, cfg: RunConfig) -> tuple[DataProto, dict]:

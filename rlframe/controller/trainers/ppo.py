@@ -32,6 +32,7 @@ from rlframe.controller.trainers import phases
 from rlframe.controller.trainers.async_rollout import RolloutPipeline
 from rlframe.controller.trainers.checkpoint import CheckpointManager, driver_rng_state, restore_driver_rng
 from rlframe.controller.trainers.metrics import batch_metrics, gathered, overhead, throughput
+from rlframe.controller.trainers.partial_rollout import PartialRollouts
 from rlframe.controller.trainers.prepare import build_data, model_path
 from rlframe.controller.trainers.roles import build_roles
 from rlframe.controller.trainers.tracking import Tracker, format_console, progress, say
@@ -71,6 +72,8 @@ class PPOTrainer:
         self.ckpt = CheckpointManager(self.run_dir, keep=cfg.trainer.keep_checkpoints)
         self.step = 0
         self.pipeline = None  # made after resume (asynchronous rollouts, trainer.max_staleness > 0)
+        budget = cfg.rollout.partial_budget
+        self.partial = PartialRollouts(self, budget=budget) if budget > 0 else None
 
     # ---- the loop ------------------------------------------------------------------------------
     def fit(self) -> dict:
@@ -123,7 +126,7 @@ class PPOTrainer:
                 pending["ref"] = self.roles.ref.compute_ref_log_prob(batch, blocking=False)
             if phases.needs_old_log_probs(self.cfg, rows=len(batch)):  # on-policy: the update's own, detached
                 pending["old_log_prob"] = self.roles.actor.compute_log_prob(batch, blocking=False)
-            elif not on_policy:  # asynchronous, behaviour correction: the rollout engine's log-probs
+            elif not on_policy:  # off-policy, behaviour correction: the rollout engine's log-probs
                 batch.batch["old_log_probs"] = batch.batch["rollout_log_probs"].clone()
             if self.roles.critic is not None:
                 pending["values"] = self.roles.critic.compute_values(batch, blocking=False)
@@ -131,7 +134,7 @@ class PPOTrainer:
                 batch = batch.union(out.select(batch_keys=["old_log_probs"]) if name == "old_log_prob" else out)
             with timed(t, "adv"):
                 batch, adv_m = phases.advantages(batch, cfg=self.cfg, kl_ctrl=self.kl_ctrl)
-                if self.pipeline is not None:  # the rollouts may be older than the weights being trained
+                if phases.off_policy(self.cfg):  # the rollouts may be older than the weights being trained
                     batch, is_m = phases.off_policy_correction(batch, cfg=self.cfg)
                     adv_m.update(is_m)
             adv_m.update(phases.reference_kl(batch))
@@ -156,10 +159,13 @@ class PPOTrainer:
     # ---- phases --------------------------------------------------------------------------------
     def next_rollout(self) -> tuple[DataProto, dict]:
         """This step's batch: generated now by the current weights (synchronous), or earlier by weights
-        at most trainer.max_staleness updates older (asynchronous: async_rollout.RolloutPipeline)."""
-        if self.pipeline is None:
-            return self.rollout(self.next_prompts())
-        return self.pipeline.next(self.step)
+        at most trainer.max_staleness updates older (asynchronous: async_rollout.RolloutPipeline), or
+        continued over several steps (partial rollouts: partial_rollout.PartialRollouts)."""
+        if self.pipeline is not None:
+            return self.pipeline.next(self.step)
+        if self.partial is not None:
+            return self.partial.next(self.step)
+        return self.rollout(self.next_prompts())
 
     def next_prompts(self) -> DataProto:
         prompts = to_dataproto(next(self.loader))
@@ -226,9 +232,11 @@ class PPOTrainer:
             if self.roles.critic is not None:
                 self.roles.critic.save_checkpoint(str(tmp / "critic"))
 
-        self.ckpt.save(self.step, save_roles=save_roles, state={
-            "dataloader": self.loader.state_dict() if self.pipeline is None else self.pipeline.loader_state(),
-            "kl_ctrl": self.kl_ctrl.state_dict(), "rng": driver_rng_state()})
+        state = {"dataloader": self.loader.state_dict() if self.pipeline is None else self.pipeline.loader_state(),
+                 "kl_ctrl": self.kl_ctrl.state_dict(), "rng": driver_rng_state()}
+        if self.partial is not None:  # responses in progress continue after a resume
+            state["partial_rollouts"] = self.partial.state_dict()
+        self.ckpt.save(self.step, save_roles=save_roles, state=state)
 
     def resume(self) -> None:
         path = self.ckpt.resolve(self.cfg.trainer.resume)
@@ -242,6 +250,8 @@ class PPOTrainer:
         self.loader.load_state_dict(state["dataloader"])
         self.kl_ctrl.load_state_dict(state["kl_ctrl"])
         restore_driver_rng(state["rng"])
+        if self.partial is not None:
+            self.partial.load_state_dict(state.get("partial_rollouts", []))
         self.step = int(state["step"])
         self.tracker.resume_history(self.step)
         print(f"resumed from {path} at step {self.step}", flush=True)

@@ -1,0 +1,200 @@
+"""Partial rollouts (rollout.partial_budget = b > 0; Kimi k1.5, Team Kimi 2025): each generation
+round gives every unfinished response at most b more tokens; responses still unfinished are carried
+over and continued in later rounds, after the next update with the newer weights, so one long
+response never holds a whole step back.
+
+One step, as the driver sees it (B = data.train_batch_size groups of n samples):
+
+    while fewer than B groups are complete:
+        if every unfinished sample already had its segment this step: draw B new prompts
+        generate <= b tokens for each unfinished sample not yet served this step
+            (its prompt + its tokens so far as the prompt, n=1, one batched call)
+        a sample is complete at EOS or after data.response_length tokens; a group when all n are
+    train on the B oldest complete groups; the rest stay in the pool for later steps
+
+So a sample gets one segment per step, from the weights of that step, as in Kimi's replay buffer; a
+response of L tokens is trained at most ceil(L / b) - 1 steps after its first token was sampled.
+When the pool already holds 4B groups, no more are drawn and unfinished samples get further
+segments in the same step instead (the same weights: plain chunked generation), so a budget below
+every response's length still ends each step.
+
+Bookkeeping across the cut: a continued sample's response is its segments concatenated; its
+`rollout_log_probs` are each segment's own, from the weights that sampled it (the behaviour policy),
+and its response mask covers exactly its tokens. `policy_version` is the oldest version among its
+segments (the updates made when its first token was sampled), so staleness = (step - 1) - version.
+The pool is part of the checkpoint (trainer_state.json): a resumed run continues the same responses,
+so nothing is lost or trained twice.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from rlframe.controller.trainers import phases
+from rlframe.protocol import DataProto
+from rlframe.utils.masks import position_ids_from_mask
+from rlframe.workers.rollout.batch import assemble_batch
+
+POOL_GROUPS = 4  # the pool holds at most this many batches' worth of groups before it chunks on
+
+
+@dataclass
+class Sample:
+    tokens: list[int] = field(default_factory=list)
+    log_probs: list[float] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)  # the policy version of each segment
+    done: bool = False
+
+    def served(self, version: int) -> bool:
+        """Whether it got a segment from the weights of `version` already."""
+        return bool(self.versions) and self.versions[-1] == version
+
+
+@dataclass
+class Group:
+    prompt: list[int]  # the prompt's real tokens (no padding)
+    fields: dict  # the prompt's non-tensor fields (ground truth, uid, ...)
+    samples: list[Sample]
+
+    @property
+    def done(self) -> bool:
+        return all(s.done for s in self.samples)
+
+
+def left_pad(rows: list[list[int]], *, pad_id: int, width: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(ids, mask) of token lists left-padded to `width` (default: the longest row)."""
+    width = max(len(r) for r in rows) if width is None else width
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for i, r in enumerate(rows):
+        if r:
+            ids[i, width - len(r):] = torch.as_tensor(r, dtype=torch.long)
+            mask[i, width - len(r):] = 1
+    return ids, mask
+
+
+class PartialRollouts:
+    """The pool of groups in progress and complete; `next(step)` is the trainer's batch for a step."""
+
+    def __init__(self, trainer, *, budget: int):
+        self.trainer, self.budget = trainer, budget
+        tok = trainer.tokenizer
+        self.pad_id = tok.pad_token_id if tok.pad_token_id is not None else 0
+        self.eos_ids = {tok.eos_token_id} if tok.eos_token_id is not None else set()
+        self.pool: list[Group] = []  # oldest first
+
+    # ---- the step's batch ----------------------------------------------------------------------
+    def next(self, step: int) -> tuple[DataProto, dict]:
+        t = self.trainer
+        want, version = t.cfg.data.train_batch_size, step - 1
+        metrics: dict[str, float] = {}
+        rounds = discarded = 0
+        while sum(g.done for g in self.pool) < want:
+            unserved = [s for g in self.pool for s in g.samples if not s.done and not s.served(version)]
+            if not unserved and len(self.pool) < POOL_GROUPS * want:
+                self.pool.extend(self._groups(t.next_prompts()))
+            rounds += 1
+            discarded += self._generate_round(step, version, salt=rounds, metrics=metrics)
+        ready = [g for g in self.pool if g.done][:want]
+        self.pool = [g for g in self.pool if not any(g is r for r in ready)]
+        batch = self._batch(ready)
+        samples = [s for g in ready for s in g.samples]
+        oldest = torch.tensor([min(s.versions) for s in samples], dtype=torch.long)
+        staleness = version - oldest
+        batch.batch["policy_version"] = oldest
+        segments = torch.tensor([len(s.versions) for s in samples], dtype=torch.float32)
+        metrics.update({
+            "partial/rounds": float(rounds), "partial/discarded_tokens": float(discarded),
+            "partial/segments_mean": float(segments.mean()), "partial/continued_frac": float((segments > 1).float().mean()),
+            "partial/pool_groups": float(len(self.pool)),
+            "partial/unfinished_samples": float(sum(not s.done for g in self.pool for s in g.samples)),
+            "async/staleness": float(staleness.max()), "async/staleness_mean": float(staleness.float().mean()),
+            "async/policy_version": float(oldest.min()),
+        })
+        return batch, metrics
+
+    def _groups(self, prompts: DataProto) -> list[Group]:
+        n = self.trainer.cfg.algorithm.n_samples
+        ids, mask = prompts.batch["input_ids"], prompts.batch["attention_mask"]
+        nt = prompts.non_tensor_batch
+        return [Group(prompt=ids[i][mask[i].bool()].tolist(), fields={k: v[i] for k, v in nt.items()},
+                      samples=[Sample() for _ in range(n)])
+                for i in range(len(prompts))]
+
+    def _generate_round(self, step: int, version: int, *, salt: int, metrics: dict) -> int:
+        """<= budget more tokens for every unfinished sample, sampled by the current weights; returns
+        the tokens sampled past data.response_length (cut off, never trained)."""
+        t, limit = self.trainer, self.trainer.cfg.data.response_length
+        unfinished = [(g.prompt, s) for g in self.pool for s in g.samples if not s.done]
+        todo = [(p, s) for p, s in unfinished if not s.served(version)] or unfinished  # a full pool: chunk on
+        rows = [prompt + s.tokens for prompt, s in todo]
+        budget = min(self.budget, max(limit - len(s.tokens) for _, s in todo))
+        ids, mask = left_pad(rows, pad_id=self.pad_id)
+        gen_in = DataProto.from_dict(tensors={"input_ids": ids, "attention_mask": mask,
+                                              "position_ids": position_ids_from_mask(mask)})
+        sampling = phases.sampling_for(t.cfg, n=1, temperature=t.cfg.rollout.temperature,
+                                       seed=t.sample_seed(salt=1000 + salt, step=step))
+        sampling = dataclasses.replace(sampling, max_new_tokens=budget)
+        out, gen_m = phases.generate(t.roles, gen_in, sampling=sampling, replicas=t.roles.replicas)
+        for k, v in gen_m.items():  # several rounds: times add up, the rest is the last round's
+            metrics[k] = metrics.get(k, 0.0) + v if k.startswith("timing_s/") else v
+        resp, rmask = out.batch["responses"], out.batch["response_mask"].bool()
+        lps = out.batch["rollout_log_probs"]
+        discarded = 0
+        for i, (_, s) in enumerate(todo):
+            toks, lp = resp[i][rmask[i]].tolist(), lps[i][rmask[i]].tolist()
+            room = limit - len(s.tokens)
+            discarded += max(0, len(toks) - room)
+            toks, lp = toks[:room], lp[:room]
+            stopped = len(toks) < budget or bool(toks and toks[-1] in self.eos_ids)
+            s.tokens += toks
+            s.log_probs += lp
+            s.versions.append(version)
+            s.done = stopped or len(s.tokens) >= limit
+        return discarded
+
+    def _batch(self, groups: list[Group]) -> DataProto:
+        """The contract rollout batch of complete groups (samples of a group adjacent), prompts
+        left-padded to data.prompt_length, responses right-padded to data.response_length."""
+        cfg = self.trainer.cfg
+        n = cfg.algorithm.n_samples
+        ids, mask = left_pad([g.prompt for g in groups], pad_id=self.pad_id,
+                             width=max(cfg.data.prompt_length, max(len(g.prompt) for g in groups)))
+        samples = [s for g in groups for s in g.samples]
+        tensors = assemble_batch(prompt_ids=ids, prompt_mask=mask, responses=[s.tokens for s in samples],
+                                 log_probs=[s.log_probs for s in samples], n=n,
+                                 response_length=cfg.data.response_length, pad_token_id=self.pad_id)
+        keys = groups[0].fields.keys()
+        non_tensors = {}
+        for k in keys:  # filled one by one: values that are lists must stay objects, not a 2-d array
+            col = np.empty(len(samples), dtype=object)
+            for i, g in enumerate(groups):
+                for j in range(n):
+                    col[i * n + j] = g.fields[k]
+            non_tensors[k] = col
+        return DataProto.from_dict(tensors=tensors, non_tensors=non_tensors)
+
+    # ---- checkpoints ---------------------------------------------------------------------------
+    def state_dict(self) -> list[dict]:
+        """The pool as JSON-able data (trainer_state.json)."""
+        return [{"prompt": g.prompt, "fields": {k: _plain(v) for k, v in g.fields.items()},
+                 "samples": [dataclasses.asdict(s) for s in g.samples]} for g in self.pool]
+
+    def load_state_dict(self, state: list[dict]) -> None:
+        self.pool = [Group(prompt=list(g["prompt"]), fields=dict(g["fields"]),
+                           samples=[Sample(**s) for s in g["samples"]]) for g in state]
+
+
+def _plain(value):
+    """A non-tensor field as JSON-able Python (numpy scalars and arrays to their Python form)."""
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    return value
