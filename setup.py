@@ -36,7 +36,8 @@ EXTRAS = {
     "gpu": ["vllm==0.32.0", "megatron-core==0.16.1"],
     # megatron-core installs from a 2.6 MB wheel without CUDA: on CPU the tests build its models and
     # check the HF conversion (its layers need CUDA to run forward).
-    "test": ["pytest>=8", "pytest-timeout", "nbclient", "nbformat", "ipykernel", "megatron-core==0.16.1"],
+    "test": ["pytest>=8", "pytest-timeout", "nbclient", "nbformat", "ipykernel", "megatron-core==0.16.1",
+             "peft==0.21.2"],
 }
 
 setup(

@@ -12,7 +12,9 @@ resharding planner (so they agree by construction):
   stage, the final norm and lm_head on the last (`param_stage`);
 - tensor parallel (Megatron style, `hf_tp_split_dim`): q/k/v/gate/up projections (weights and biases)
   and the vocab-parallel embed_tokens/lm_head are split on dim 0; o_proj/down_proj weights on dim 1;
-  norms and the biases of row-parallel layers are replicated;
+  norms and the biases of row-parallel layers are replicated; LoRA adapters follow their projection
+  (lora_B of a column-parallel one split on dim 0, lora_A of a row-parallel one on dim 1, the other
+  factor replicated);
 - FSDP (`fsdp=True`): the dp ranks additionally split the rank's TP shard on dim 0 with torch.chunk
   semantics (FSDP2's `Shard(0)` of the local tensor). Without it dp ranks are replicas (Megatron DP).
 """
@@ -42,6 +44,15 @@ def hf_tp_split_dim(name: str) -> int | None:
     """
     parts = name.split(".")
     module, leaf = (parts[-2], parts[-1]) if len(parts) >= 2 else ("", parts[-1])
+    if module in ("lora_A", "lora_B") and len(parts) >= 3:
+        # LoRA adapters (engines/lora.py): B (out, r) of a column-parallel projection splits its
+        # output dim, A (r, in) of a row-parallel one its input dim; the other factor is replicated.
+        base = parts[-3]
+        if module == "lora_B" and base in _DIM0:
+            return 0
+        if module == "lora_A" and base in _DIM1:
+            return 1
+        return None
     if module in _DIM0 or module in ("embed_tokens", "lm_head"):
         return 0
     if module in _DIM1:

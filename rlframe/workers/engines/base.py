@@ -13,6 +13,7 @@ Per-token outputs are aligned with `responses`: `log_probs[:, r]` is log p(respo
 from __future__ import annotations
 
 import abc
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
@@ -51,6 +52,10 @@ class TrainEngineConfig:
         parameters and gradients per rank during a step. False is FSDP's ZeRO-3 schedule (gather in
         forward and again in backward, reduce-scatter every micro-batch): the least memory.
         None: True on CPU (collectives there are memory copies and the models small), False on GPU.
+    lora_rank (fsdp): > 0 trains LoRA adapters of this rank on `lora_target_modules` (projection
+        names) instead of the whole model; the base weights stay frozen (engines/lora.py).
+        lora_alpha scales the adapters' output by lora_alpha / lora_rank; lora_dropout is applied
+        to their input.
     """
 
     model_path: str
@@ -76,6 +81,11 @@ class TrainEngineConfig:
     seed: int = 0
     frozen: bool = False
     gather_once_per_step: bool | None = None
+    lora_rank: int = 0
+    lora_alpha: float = 16.0
+    lora_target_modules: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
+                                            "down_proj")
+    lora_dropout: float = 0.0
 
     def __post_init__(self):
         if self.head not in HEADS:
@@ -96,6 +106,21 @@ class TrainEngineConfig:
         if self.grad_clip is not None and self.grad_clip <= 0:
             raise ValueError(f"grad_clip must be > 0 or None (no clipping), got {self.grad_clip}")
         self.betas = tuple(self.betas)
+        from rlframe.workers.engines.lora import check_lora_settings
+
+        check_lora_settings(rank=self.lora_rank, alpha=self.lora_alpha, target_modules=self.lora_target_modules,
+                            dropout=self.lora_dropout, where="TrainEngineConfig")
+        self.lora_target_modules = tuple(self.lora_target_modules)
+
+    @property
+    def lora(self):
+        """The LoraSettings of this engine, or None when LoRA is off (lora_rank 0)."""
+        from rlframe.workers.engines.lora import LoraSettings
+
+        if self.lora_rank == 0:
+            return None
+        return LoraSettings(rank=self.lora_rank, alpha=self.lora_alpha, target_modules=self.lora_target_modules,
+                            dropout=self.lora_dropout)
 
 
 class TrainEngine(abc.ABC):
@@ -107,11 +132,13 @@ class TrainEngine(abc.ABC):
     @abc.abstractmethod
     def forward_log_probs(self, batch, *, temperature: float = 1.0, with_entropy: bool = False,
                           micro_batch_size: int | None = None,
-                          max_tokens_per_micro_batch: int | None = None) -> dict[str, torch.Tensor]:
+                          max_tokens_per_micro_batch: int | None = None,
+                          disable_adapter: bool = False) -> dict[str, torch.Tensor]:
         """{"log_probs": (B, R)[, "entropy": (B, R)]} of this rank's batch, no gradient, on CPU.
 
         Logits are divided by `temperature` first (the rollout's sampling temperature). Micro-batch
-        sizes default to the config's.
+        sizes default to the config's. disable_adapter=True computes the base model of a LoRA engine
+        (its reference policy; see `adapters_disabled`).
         """
 
     @abc.abstractmethod
@@ -161,6 +188,13 @@ class TrainEngine(abc.ABC):
     def lr(self) -> float:
         """The learning rate the next optimizer step uses."""
 
+    def adapters_disabled(self):
+        """Context manager: forwards inside it compute the base model, every LoRA adapter off (the
+        reference policy of a LoRA run). Engines without LoRA have no adapters to turn off."""
+        raise ValueError(f"{type(self).__name__} has no LoRA adapters to disable (lora_rank="
+                         f"{self.config.lora_rank}); build it with lora_rank > 0, or compute reference "
+                         "log-probs with a separate reference engine")
+
 
 def resolve_mixed_precision(setting: bool | None, *, on_gpu: bool) -> bool:
     """`mixed_precision` None (the default): bf16 compute with fp32 master weights on GPU, fp32 on
@@ -199,11 +233,13 @@ class BatchedForward:
         return mbs
 
     def forward_log_probs(self, batch, *, temperature: float = 1.0, with_entropy: bool = False,
-                          micro_batch_size: int | None = None, max_tokens_per_micro_batch: int | None = None):
+                          micro_batch_size: int | None = None, max_tokens_per_micro_batch: int | None = None,
+                          disable_adapter: bool = False):
         if self.config.head != "lm":
             raise ValueError("forward_log_probs needs an engine with head='lm' (this one is a critic)")
-        return self._forward_batch(batch, temperature=temperature, with_entropy=with_entropy,
-                                   micro_batch_size=micro_batch_size, max_tokens=max_tokens_per_micro_batch)
+        with self.adapters_disabled() if disable_adapter else nullcontext():
+            return self._forward_batch(batch, temperature=temperature, with_entropy=with_entropy,
+                                       micro_batch_size=micro_batch_size, max_tokens=max_tokens_per_micro_batch)
 
     def forward_values(self, batch, *, micro_batch_size: int | None = None,
                        max_tokens_per_micro_batch: int | None = None):

@@ -5,7 +5,11 @@ Layout of a checkpoint directory:
                     DCP records global offsets, so they describe themselves); the megatron engine
                     writes its own per-rank files instead (see engines/megatron/checkpoint.py)
   engine_state.pt   scheduler state, optimizer step count, torch RNG state of rank 0
-  layout.json       dp, tp, head and model path of the engine that wrote it
+  layout.json       dp, tp, head and model path of the engine that wrote it, and its LoRA settings
+                    (null without LoRA). A LoRA engine's model_optim/ holds only the trainable
+                    parameters (adapters, a critic's value head) and their optimizer state: the
+                    frozen base is the model at model_path, so loading needs the same model_path
+                    and LoRA settings.
   MANIFEST.json     size and sha256 of every other file (rlframe/utils/manifest.py), written last
 Atomicity: all ranks write into `<path>.tmp`; after a barrier the ranks hash the files (each a
 share), rank 0 writes the manifest and renames the directory to `<path>` (replacing an older
@@ -33,6 +37,7 @@ from rlframe.workers.engines.dcp_reader import SafeFileSystemReader, SafeLoadPla
 from rlframe.workers.engines.modeling import copy_tokenizer_files, save_full_model
 
 _TRUE = ("1", "y", "yes", "true")
+ADAPTER_DIR = "adapter"  # PEFT adapter directory inside a LoRA engine's HF export
 
 
 def _rank_world(group) -> tuple[int, int]:
@@ -176,7 +181,38 @@ def check_checkpoint(engine, path: str, *, group=None) -> str:
     mine = engine.layout_meta()
     if saved["head"] != mine["head"]:
         raise ValueError(f"checkpoint {path!r} holds a {saved['head']!r} model, this engine is {mine['head']!r}")
+    _check_lora_meta(path, saved, mine)
     return path
+
+
+def _check_lora_meta(path: str, saved: dict, mine: dict) -> None:
+    """A LoRA checkpoint holds adapters for one base model and LoRA shape; refuse any other engine."""
+    theirs, ours = saved.get("lora"), mine.get("lora")
+    if theirs is None and ours is None:
+        return
+    if theirs is None or ours is None:
+        raise ValueError(
+            f"checkpoint {path!r} was written {'with' if theirs else 'without'} LoRA (lora={theirs}), this engine "
+            f"is {'with' if ours else 'without'} LoRA (lora={ours}); set lora_rank (and the other lora_* "
+            "settings) as in the run that wrote it")
+    if theirs != ours:
+        diff = {k: (theirs.get(k), ours.get(k)) for k in sorted(set(theirs) | set(ours)) if theirs.get(k) != ours.get(k)}
+        raise ValueError(
+            f"checkpoint {path!r} holds LoRA adapters of other settings: (checkpoint, engine) = {diff}; set the "
+            "lora_* settings as in the run that wrote it")
+    if os.path.realpath(saved.get("model_path", "")) != os.path.realpath(mine["model_path"]):
+        raise ValueError(
+            f"checkpoint {path!r} holds LoRA adapters of the base model {saved.get('model_path')!r}, but this "
+            f"engine's base model is {mine['model_path']!r}; the base is not in the checkpoint, so point "
+            "model_path at the model the adapters were trained on")
+
+
+def _state_dict_options(engine):
+    """A LoRA engine saves and loads only its trainable parameters (the base is at model_path)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    lora = getattr(engine, "lora", None) is not None
+    return StateDictOptions(ignore_frozen_params=lora, strict=not lora)
 
 
 def load_tensors(file: str, *, map_location=None):
@@ -194,7 +230,7 @@ def save_checkpoint(engine, path: str, *, barrier, process_group) -> None:
     """DCP shards of the model and optimizer (FSDP2 / DTensor engines)."""
 
     def write_state(tmp):
-        model_sd, optim_sd = get_state_dict(engine.model, engine.optimizer)
+        model_sd, optim_sd = get_state_dict(engine.model, engine.optimizer, options=_state_dict_options(engine))
         dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=os.path.join(tmp, "model_optim"),
                  process_group=process_group)
 
@@ -203,13 +239,14 @@ def save_checkpoint(engine, path: str, *, barrier, process_group) -> None:
 
 def load_checkpoint(engine, path: str, *, process_group) -> None:
     path = check_checkpoint(engine, path, group=process_group)
-    model_sd, optim_sd = get_state_dict(engine.model, engine.optimizer)
+    options = _state_dict_options(engine)
+    model_sd, optim_sd = get_state_dict(engine.model, engine.optimizer, options=options)
     state = {"model": model_sd, "optim": optim_sd}
     reader = SafeFileSystemReader(os.path.join(path, "model_optim"))
     reader.read_metadata()  # a refused pickle fails here, with its own message (DCP would wrap it)
     dcp.load(state, storage_reader=reader, planner=SafeLoadPlanner(), process_group=process_group)
     set_state_dict(engine.model, engine.optimizer, model_state_dict=state["model"],
-                   optim_state_dict=state["optim"])
+                   optim_state_dict=state["optim"], options=options)
     load_engine_state(engine, path)
 
 
@@ -224,9 +261,9 @@ def gather_full_state(model) -> dict[str, torch.Tensor]:
     return out
 
 
-def export_hf(engine, path: str, *, full: dict[str, torch.Tensor], hf_config, barrier) -> None:
+def export_hf(engine, path: str, *, full: dict[str, torch.Tensor], hf_config, barrier, write_extra=None) -> None:
     """Rank 0 writes `full` (HF names) as a `from_pretrained`-loadable checkpoint (+ tokenizer) at
-    `path`, atomically."""
+    `path`, atomically; `write_extra(dir)` adds more files (a LoRA engine's adapter) before the rename."""
     path = os.path.abspath(path)
     if engine.is_first_rank:
         tmp = path + ".tmp"
@@ -237,6 +274,8 @@ def export_hf(engine, path: str, *, full: dict[str, torch.Tensor], hf_config, ba
         hf_config.use_cache = True
         save_full_model(full, hf_config=hf_config, head=engine.config.head, out_dir=tmp)
         copy_tokenizer_files(engine.config.model_path, tmp)
+        if write_extra is not None:
+            write_extra(tmp)
         if os.path.exists(path):
             shutil.rmtree(path)
         os.replace(tmp, path)

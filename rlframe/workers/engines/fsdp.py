@@ -7,6 +7,10 @@ Dataflow of `train_step(loss_fn, micro_batches)`:
   is not finite, else clip -> AdamW step -> LR scheduler step.
 Micro-batch weights make the accumulated gradient that of one big batch (see `accumulate`).
 
+With lora_rank > 0 the model gets LoRA adapters before tensor parallelism and FSDP (engines/lora.py):
+only the adapters (and a critic's value head) train, so the optimizer, the gradient norm and the
+checkpoints cover only them; `forward_log_probs(..., disable_adapter=True)` is the base model.
+
 Example (inside an initialised process group of 4 ranks):
     engine = FSDPTrainEngine(TrainEngineConfig(model_path=path, dp=2, tp=2, lr=1e-4))
     out = engine.forward_log_probs(batch)            # {"log_probs": (B, R)}
@@ -82,6 +86,13 @@ class FSDPTrainEngine(BatchedForward, TrainEngine):
         attn = resolve_attn_implementation(cfg.attn_implementation, on_gpu=self.device.type == "cuda")
         model = load_model(cfg.model_path, head=cfg.head, seed=cfg.seed, attn_implementation=attn)
         decoder_layers(model)  # fails early on an unsupported architecture
+        self.lora = cfg.lora
+        if self.lora is not None:
+            from rlframe.workers.engines.lora import inject_lora
+            from rlframe.workers.engines.value_head import VALUE_HEAD
+
+            inject_lora(model, self.lora, seed=cfg.seed,
+                        trainable_prefixes=tuple(VALUE_HEAD) if cfg.head == "value" else ())
         model.to(self.device)
         if cfg.tp > 1:
             apply_tensor_parallel(model, self.mesh["tp"], head=cfg.head)
@@ -168,10 +179,37 @@ class FSDPTrainEngine(BatchedForward, TrainEngine):
     def lr(self) -> float:
         return float(self.optimizer.param_groups[0]["lr"])
 
+    def adapters_disabled(self):
+        """Forwards inside compute the base model (the reference policy of a LoRA actor)."""
+        if self.lora is None:
+            return super().adapters_disabled()
+        from rlframe.workers.engines.lora import adapters_disabled
+
+        return adapters_disabled(self.model)
+
     # ---- layout, checkpoints, export -------------------------------------------------------
     def local_shards(self):
+        """The model's own (HF, base) parameters; LoRA adapters are in `lora_local_shards`."""
+        from rlframe.workers.engines.lora import is_adapter_name
+
         reshard_all(self.model)  # report the sharded (training) layout, never a transient all-gather
-        return local_shards(self.model)
+        return {k: v for k, v in local_shards(self.model).items() if not is_adapter_name(k)}
+
+    def lora_local_shards(self):
+        """Adapter name (`model.layers.0.self_attn.q_proj.lora_A.weight`) -> (global shape, Box held
+        here, local tensor without copy), for syncing only the adapters."""
+        from rlframe.workers.engines.lora import is_adapter_name
+
+        if self.lora is None:
+            raise ValueError("lora_local_shards on an engine without LoRA (lora_rank=0); use local_shards")
+        reshard_all(self.model)
+        return {k: v for k, v in local_shards(self.model).items() if is_adapter_name(k)}
+
+    def lora_param_metas(self) -> dict:
+        """Adapter name -> ParamMeta(global shape, dtype), the same on all ranks (for the planner)."""
+        from rlframe.resharding.planner import ParamMeta
+
+        return {name: ParamMeta(tuple(shape), t.dtype) for name, (shape, _, t) in self.lora_local_shards().items()}
 
     def layout(self) -> dict[str, Any]:
         return {
@@ -194,7 +232,8 @@ class FSDPTrainEngine(BatchedForward, TrainEngine):
 
     def layout_meta(self) -> dict[str, Any]:
         return {"head": self.config.head, "dp": self.config.dp, "tp": self.config.tp,
-                "model_path": self.config.model_path}
+                "model_path": self.config.model_path,
+                "lora": None if self.lora is None else self.lora.to_meta()}
 
     def _barrier(self) -> None:
         # All-reduce over dp then tp reaches every rank of the mesh (and no other rank).
@@ -212,8 +251,20 @@ class FSDPTrainEngine(BatchedForward, TrainEngine):
         ckpt.load_checkpoint(self, path, process_group=self._flat_group)
 
     def export_hf(self, path: str) -> None:
-        ckpt.export_hf(self, path, full=ckpt.gather_full_state(self.model), hf_config=self.model.config,
-                       barrier=self._barrier)
+        """A full HF model at `path`; with LoRA the adapters merged into it, and PEFT's adapter
+        directory (adapter_model.safetensors + adapter_config.json) at `path`/adapter."""
+        full = ckpt.gather_full_state(self.model)
+        if self.lora is None:
+            ckpt.export_hf(self, path, full=full, hf_config=self.model.config, barrier=self._barrier)
+            return
+        from rlframe.workers.engines.lora import merge_state_dict, write_peft_adapter
+
+        def write_adapter(out_dir):
+            write_peft_adapter(os.path.join(out_dir, ckpt.ADAPTER_DIR), full, self.lora,
+                               base_model_path=self.config.model_path, head=self.config.head)
+
+        ckpt.export_hf(self, path, full=merge_state_dict(full, self.lora), hf_config=self.model.config,
+                       barrier=self._barrier, write_extra=write_adapter)
 
     def engine_state(self) -> dict[str, Any]:
         return {"scheduler": self.scheduler.state_dict(), "steps": self.steps}

@@ -10,7 +10,10 @@ Tensor-parallel plan (Megatron-LM, Shoeybi et al. 2019, section 3):
 - the token embedding is vocab-parallel (rows split, masked lookup, all-reduce);
 - the LM head is vocab-parallel: each tp rank computes logits for its vocab slice and the
   log-softmax is done across slices (`vocab_parallel.py`), never gathering (N, V) logits;
-- norms and the critic's score head are replicated over tp (sharded over dp by FSDP).
+- norms and the critic's score head are replicated over tp (sharded over dp by FSDP);
+- a projection with a LoRA adapter (engines/lora.py, injected before this) gets the matching
+  LoRA style instead: column-parallel ones split lora_B on its output dim and replicate lora_A,
+  row-parallel ones split lora_A on its input dim and replicate lora_B.
 No sequence parallelism: activations are replicated over tp, so sequence lengths need not divide
 anything. What must divide by tp (checked before any work): attention heads, key/value heads,
 intermediate size and vocabulary size.
@@ -92,13 +95,20 @@ def apply_tensor_parallel(model, tp_mesh: DeviceMesh, *, head: str) -> None:
     from torch.distributed.tensor import Replicate, Shard
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
+    from rlframe.workers.engines.lora import LoraLinear, lora_parallel_style
+
+    def style(path: str, kind: str):
+        if isinstance(model.get_submodule(path), LoraLinear):
+            return lora_parallel_style(kind)
+        return ColwiseParallel() if kind == "colwise" else RowwiseParallel()
+
     plan = {"model.embed_tokens": RowwiseParallel(input_layouts=Replicate())}
     for i in range(len(decoder_layers(model))):
         p = f"model.layers.{i}"
-        plan.update({f"{p}.self_attn.{n}": ColwiseParallel() for n in ("q_proj", "k_proj", "v_proj")})
-        plan[f"{p}.self_attn.o_proj"] = RowwiseParallel()
-        plan.update({f"{p}.mlp.{n}": ColwiseParallel() for n in ("gate_proj", "up_proj")})
-        plan[f"{p}.mlp.down_proj"] = RowwiseParallel()
+        plan.update({f"{p}.self_attn.{n}": style(f"{p}.self_attn.{n}", "colwise") for n in ("q_proj", "k_proj", "v_proj")})
+        plan[f"{p}.self_attn.o_proj"] = style(f"{p}.self_attn.o_proj", "rowwise")
+        plan.update({f"{p}.mlp.{n}": style(f"{p}.mlp.{n}", "colwise") for n in ("gate_proj", "up_proj")})
+        plan[f"{p}.mlp.down_proj"] = style(f"{p}.mlp.down_proj", "rowwise")
     if head == "lm":
         # Local logits (N, V / tp); the engine's log-softmax works on the slices.
         plan["lm_head"] = ColwiseParallel(output_layouts=Shard(-1), use_local_output=True)
