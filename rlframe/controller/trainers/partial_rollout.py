@@ -5,18 +5,20 @@ response never holds a whole step back.
 
 One step, as the driver sees it (B = data.train_batch_size groups of n samples):
 
-    while fewer than B groups are complete:
-        if every unfinished sample already had its segment this step: draw B new prompts
-        generate <= b tokens for each unfinished sample not yet served this step
-            (its prompt + its tokens so far as the prompt, n=1, one batched call)
+    while fewer than B groups are complete (short by S):
+        serve every unfinished sample that has no segment from this step's weights yet, and start
+            S - (groups in progress) new groups (prompts drawn from the loader as needed)
+        when all in progress were served: start S more groups, or, with B groups in progress,
+            give every unfinished sample one more segment (the same weights: chunked generation)
+        one batched call: <= b tokens each (its prompt + its tokens so far as the prompt, n=1)
         a sample is complete at EOS or after data.response_length tokens; a group when all n are
     train on the B oldest complete groups; the rest stay in the pool for later steps
 
-So a sample gets one segment per step, from the weights of that step, as in Kimi's replay buffer; a
-response of L tokens is trained at most ceil(L / b) - 1 steps after its first token was sampled.
-When the pool already holds 4B groups, no more are drawn and unfinished samples get further
-segments in the same step instead (the same weights: plain chunked generation), so a budget below
-every response's length still ends each step.
+So a sample gets one segment per step from that step's weights, as in Kimi's replay buffer, unless
+a whole batch is in progress. Pick b above most responses' length: then only the long tail is cut
+and carried over to the next steps. With b below most lengths, a batch of groups is soon in
+progress and the step completes it with further segments: plain chunked generation, nothing
+carried over.
 
 Bookkeeping across the cut: a continued sample's response is its segments concatenated; its
 `rollout_log_probs` are each segment's own, from the weights that sampled it (the behaviour policy),
@@ -39,7 +41,7 @@ from rlframe.protocol import DataProto
 from rlframe.utils.masks import position_ids_from_mask
 from rlframe.workers.rollout.batch import assemble_batch
 
-POOL_GROUPS = 4  # the pool holds at most this many batches' worth of groups before it chunks on
+POOL_GROUPS = 1  # batches' worth of groups in progress before the pool chunks on instead of starting more
 
 
 @dataclass
@@ -63,6 +65,10 @@ class Group:
     @property
     def done(self) -> bool:
         return all(s.done for s in self.samples)
+
+    @property
+    def started(self) -> bool:
+        return any(s.versions for s in self.samples)
 
 
 def left_pad(rows: list[list[int]], *, pad_id: int, width: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -93,12 +99,17 @@ class PartialRollouts:
         want, version = t.cfg.data.train_batch_size, step - 1
         metrics: dict[str, float] = {}
         rounds = discarded = 0
-        while sum(g.done for g in self.pool) < want:
-            unserved = [s for g in self.pool for s in g.samples if not s.done and not s.served(version)]
-            if not unserved and len(self.pool) < POOL_GROUPS * want:
-                self.pool.extend(self._groups(t.next_prompts()))
+        while (done := sum(g.done for g in self.pool)) < want:
+            short = want - done
+            in_progress = [g for g in self.pool if g.started and not g.done]
+            todo = [s for g in in_progress for s in g.samples if not s.done and not s.served(version)]
+            start = max(0, short - len(in_progress)) if todo else short if len(in_progress) < POOL_GROUPS * want else 0
+            for g in self._unstarted(start):
+                todo += g.samples
+            if not todo:  # the pool is full and all of it was served: chunk on with these weights
+                todo = [s for g in in_progress for s in g.samples if not s.done]
             rounds += 1
-            discarded += self._generate_round(step, version, salt=rounds, metrics=metrics)
+            discarded += self._generate_round(todo, step, version, salt=rounds, metrics=metrics)
         ready = [g for g in self.pool if g.done][:want]
         self.pool = [g for g in self.pool if not any(g is r for r in ready)]
         batch = self._batch(ready)
@@ -125,12 +136,18 @@ class PartialRollouts:
                       samples=[Sample() for _ in range(n)])
                 for i in range(len(prompts))]
 
-    def _generate_round(self, step: int, version: int, *, salt: int, metrics: dict) -> int:
-        """<= budget more tokens for every unfinished sample, sampled by the current weights; returns
-        the tokens sampled past data.response_length (cut off, never trained)."""
+    def _unstarted(self, count: int) -> list[Group]:
+        """The `count` oldest groups without a segment yet, drawing prompts from the loader as needed."""
+        while count and sum(not g.started for g in self.pool) < count:
+            self.pool.extend(self._groups(self.trainer.next_prompts()))
+        return [g for g in self.pool if not g.started][:count]
+
+    def _generate_round(self, samples: list[Sample], step: int, version: int, *, salt: int, metrics: dict) -> int:
+        """<= budget more tokens for each of `samples`, sampled by the current weights; returns the
+        tokens sampled past data.response_length (cut off, never trained)."""
         t, limit = self.trainer, self.trainer.cfg.data.response_length
-        unfinished = [(g.prompt, s) for g in self.pool for s in g.samples if not s.done]
-        todo = [(p, s) for p, s in unfinished if not s.served(version)] or unfinished  # a full pool: chunk on
+        prompt_of = {id(s): g.prompt for g in self.pool for s in g.samples}
+        todo = [(prompt_of[id(s)], s) for s in samples]
         rows = [prompt + s.tokens for prompt, s in todo]
         budget = min(self.budget, max(limit - len(s.tokens) for _, s in todo))
         ids, mask = left_pad(rows, pad_id=self.pad_id)

@@ -15,12 +15,12 @@ from rlframe.config.validate import ConfigError
 from rlframe.controller.trainers.checkpoint import STATE_FILE
 from tests.controller.trainers.test_end_to_end import COMMON, run
 
-BUDGET, RESPONSE = 2, 6
+BUDGET, RESPONSE = 3, 6
 # A learning rate too small to move an fp32 weight: every segment, old or new, was sampled by the
 # weights the trainer recomputes log-probs with, so they must agree wherever the tokens are aligned.
-PARTIAL = ["data.train_batch_size=8", f"rollout.partial_budget={BUDGET}", f"data.response_length={RESPONSE}",
+PARTIAL = ["data.train_batch_size=8", "algorithm.n_samples=2", f"rollout.partial_budget={BUDGET}", f"data.response_length={RESPONSE}",
            "actor.lr=1e-30", "algorithm.off_policy_correction=tis", "trainer.val_every=0", "trainer.total_steps=4",
-           "trainer.save_every=2", "trainer.export_hf=false", "actor.mini_batch_size=32"]
+           "trainer.save_every=2", "trainer.export_hf=false", "actor.mini_batch_size=16"]
 EXACT = ("critic/score/mean", "response_length/mean", "partial/rounds", "partial/segments_mean",
          "partial/continued_frac", "partial/pool_groups", "partial/unfinished_samples", "async/staleness",
          "async/staleness_mean", "rollout/logprob_diff_mean")
