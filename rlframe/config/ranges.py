@@ -58,6 +58,9 @@ _TRAIN_ROLE = {
     "micro_batch_size": at_least(1, " (samples per forward/backward; null: the whole per-rank mini-batch)"),
     "max_tokens_per_micro_batch": at_least(1, " (null: micro-batches by count)"),
     "cliprange_value": above(0),
+    "lora_rank": at_least(0, " (0: no LoRA; e.g. 8 for rank-8 adapters)"),
+    "lora_alpha": above(0, " (the adapters' output is scaled by lora_alpha / lora_rank)"),
+    "lora_dropout": within(0, 1, open_hi=True, why=" (dropout on the adapters' input; 0: none)"),
 }
 
 # key -> rule; fields that may be null skip the rule when they are.

@@ -102,6 +102,14 @@ class TrainRoleConfig:
     micro_batch_size: int | None = 32
     max_tokens_per_micro_batch: int | None = None
     cliprange_value: float = 0.5  # critic only
+    # LoRA (strategy=fsdp): lora_rank > 0 trains low-rank adapters on lora_target_modules of every
+    # decoder layer instead of the whole model (the base stays frozen; the actor's reference policy
+    # is then its base model with adapters off). The adapters' output is scaled by lora_alpha / lora_rank.
+    lora_rank: int = 0
+    lora_alpha: float = 16.0
+    lora_target_modules: list[str] = field(default_factory=lambda: [
+        "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])
+    lora_dropout: float = 0.0
 
 
 @dataclass

@@ -234,9 +234,35 @@ def _check_roles_and_trainer(cfg: RunConfig, out: list[str]) -> None:
                    "name the function reward.function_path defines (default compute_score)")
 
 
+# The projections the fsdp engine can give LoRA adapters (rlframe.workers.engines.lora.SUPPORTED_TARGETS;
+# a test keeps them equal): importing the engine would import torch before the config is checked.
+LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj", "o_proj", "down_proj")
+
+
+def _check_lora(cfg: RunConfig, out: list[str]) -> None:
+    roles = [("actor", cfg.actor)] + ([("critic", cfg.critic)] if cfg.uses_critic else [])
+    for name, role in roles:
+        if role.lora_rank == 0:
+            continue
+        if role.strategy != "fsdp":
+            out.append(f"{name}.lora_rank={role.lora_rank}: LoRA is not supported with strategy={role.strategy} "
+                       f"(only the fsdp engine has adapters); use {name}.strategy=fsdp, or {name}.lora_rank=0 "
+                       "to train the whole model")
+        targets = list(role.lora_target_modules)
+        unknown = [t for t in targets if t not in LORA_TARGETS]
+        if not targets:
+            out.append(f"{name}.lora_target_modules is empty, so no layer would get an adapter; list some of "
+                       f"{list(LORA_TARGETS)}")
+        elif unknown:
+            out.append(f"{name}.lora_target_modules has {unknown}, which are not projections of the Llama-style "
+                       f"decoder layers the fsdp engine trains (it knows {list(LORA_TARGETS)}); use names from "
+                       "that list")
+
+
 def _check_cross_field(cfg: RunConfig, out: list[str]) -> None:
     _check_kl_and_sampling(cfg, out)
     _check_roles_and_trainer(cfg, out)
+    _check_lora(cfg, out)
 
 
 def _check_paths(cfg: RunConfig, out: list[str]) -> None:

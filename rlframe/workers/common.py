@@ -23,6 +23,9 @@ def build_train_engine(role: TrainRoleConfig, *, model_path: str, head: str, tot
         warmup_steps=role.warmup_steps, total_steps=max(total_steps, role.warmup_steps + 1),
         micro_batch_size=role.micro_batch_size, max_tokens_per_micro_batch=role.max_tokens_per_micro_batch,
         seed=seed, frozen=frozen,
+        # A frozen engine (a reference policy) is the plain model: adapters would only add zeros.
+        lora_rank=0 if frozen else role.lora_rank, lora_alpha=role.lora_alpha,
+        lora_target_modules=tuple(role.lora_target_modules), lora_dropout=role.lora_dropout,
     )
     return get_train_engine(role.strategy)(cfg)
 
