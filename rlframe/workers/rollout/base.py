@@ -5,6 +5,9 @@
         execute_plan(plan, local=shards, consumer=consume)
     engine.update_weights(state_dict_or_buckets)      # pull style: a full HF state dict, an iterator
                                                       #   of (name, tensor), or of buckets of pieces
+    with engine.lora_update({"r": 8, "lora_alpha": 16}) as consume:  # adapter-only sync (lora_rank > 0):
+        execute_plan(plan, local=adapter_shards, consumer=consume)   #   lora_A/lora_B pieces, see rollout/lora.py
+    engine.update_lora(adapter_state_dict, config)    # pull style of the same
     engine.sleep(); ...train...                       # hand memory to the training engine, then
     engine.wake(("weights",)); <sync>; engine.wake(("kv_cache",))  # weights back first, then the cache
 """
@@ -84,6 +87,25 @@ class RolloutEngine(ABC):
         """Load new weights from a state dict, (name, tensor) pairs or buckets of pieces."""
         with self.weight_update() as consume:
             for bucket in as_buckets(weights):
+                consume(bucket)
+        return self.last_sync_stats
+
+    @contextmanager
+    def lora_update(self, config: Mapping | None = None) -> Iterator[Consumer]:
+        """Context yielding `consume(pieces)` for one adapter version (lora_A/lora_B factors named
+        `model.layers.{i}.<module>.<proj>.lora_A.weight`); on exit every factor must have been received
+        and the next `generate` uses this adapter and no earlier one. `config`: the adapter's settings
+        (rollout/lora.py). Only engines built with RolloutConfig.lora_rank > 0."""
+        raise NotImplementedError(
+            f"the {self.backend or type(self).__name__} rollout engine cannot serve LoRA adapters; build it with "
+            "lora_rank=0 and sync merged weights (W + scaling * B @ A) with weight_update()")
+        yield  # pragma: no cover
+
+    def update_lora(self, adapter: Mapping[str, torch.Tensor] | Iterable, config: Mapping | None = None
+                    ) -> WeightSyncStats:
+        """Load a new adapter version from a {factor name: tensor} dict, (name, tensor) pairs or buckets."""
+        with self.lora_update(config) as consume:
+            for bucket in as_buckets(adapter):
                 consume(bucket)
         return self.last_sync_stats
 

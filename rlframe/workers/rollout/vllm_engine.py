@@ -21,6 +21,21 @@ Weight sync (`weight_update()` / `update_weights()`), two paths:
   parameters CUDA graphs already point at (`kernel_format.py`). Not testable on CPU.
 After either path the prefix cache is reset (its KV entries were computed with the old weights).
 
+LoRA (RolloutConfig.lora_rank > 0): vLLM is built with `enable_lora=True, max_loras=1` and the
+trainer sends only the adapter each step, `lora_update(config)` / `update_lora(...)`
+(rollout/lora.py says which boxes a TP rank needs: its slice of B for q/k/v/gate/up and of A for
+o/down, the other factor in full). The adapter goes from memory into vLLM, no file is written: the
+factors are assembled in full-shape buffers (only the rank's box written, as for base weights),
+B is pre-multiplied by the scaling inside the box, a `vllm.lora.lora_model.LoRAModel` is built with
+`LoRAModel.from_lora_tensors` and registered directly in the worker's LoRA model manager
+(`model_runner.lora_manager._adapter_manager.add_adapter`) under a new `lora_int_id` after every
+older adapter was removed. `generate` then sends a `LoRARequest` with that id; since the id is
+already registered, vLLM's worker manager only activates it (it would read `lora_path` only for an
+unknown id, and the path given is a label, not a file). vLLM slices each factor to the rank's part
+when it copies it into its stacked buffers (`set_lora`). Each version also has its own
+`lora_name`, which is part of vLLM's prefix-cache block hash, and the prefix cache is reset after
+every update, so no KV computed under an older adapter is reused.
+
 Log-probs: `SamplingParams(logprobs=0)` returns the sampled token's log-prob. vLLM 0.32 computes it
 from the raw logits by default (`logprobs_mode="raw_logprobs"`: no temperature); the engine asks for
 `"processed_logprobs"` (RolloutConfig.logprobs_mode="processed"): log_softmax(logits / T) after
@@ -47,7 +62,14 @@ import torch
 from rlframe.workers.rollout.base import Consumer, RolloutEngine
 from rlframe.workers.rollout.batch import assemble_batch, read_prompts, to_data_proto, unpad_prompts
 from rlframe.workers.rollout.config import RolloutConfig, SamplingConfig
-from rlframe.workers.rollout.weight_sync import ShardAssembler, WeightSyncStats, timed, vllm_needed_boxes
+from rlframe.workers.rollout.lora import PEFT_PREFIX, AdapterSpec, adapter_spec, lora_param_shapes, vllm_max_lora_rank
+from rlframe.workers.rollout.weight_sync import (
+    ShardAssembler,
+    WeightSyncStats,
+    lora_needed_boxes,
+    timed,
+    vllm_needed_boxes,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -113,6 +135,8 @@ def llm_kwargs(model_path: str, config: RolloutConfig, *, is_cpu: bool, sleep_su
         kwargs["max_num_batched_tokens"] = config.max_num_batched_tokens
     if config.block_size is not None:
         kwargs["block_size"] = config.block_size
+    if config.lora_rank > 0:
+        kwargs.update(enable_lora=True, max_lora_rank=vllm_max_lora_rank(config.lora_rank), max_loras=1)
     kwargs.update(_distributed_kwargs(config.tensor_parallel_size))
     kwargs.update(config.vllm_kwargs)
     return kwargs
@@ -187,9 +211,12 @@ class VLLMRolloutEngine(RolloutEngine):
         self._shapes, hf_cfg = hf_param_shapes(self.model_path)
         self._tp_rank = get_tensor_model_parallel_rank() if self.tp > 1 else 0
         head_dim = getattr(hf_cfg, "head_dim", None) or hf_cfg.hidden_size // hf_cfg.num_attention_heads
+        self._num_kv_heads, self._head_dim = hf_cfg.num_key_value_heads, head_dim
         self._needed = vllm_needed_boxes(self._shapes, tp_rank=self._tp_rank, tp_size=self.tp,
                                          num_kv_heads=hf_cfg.num_key_value_heads, head_dim=head_dim)
         self._last_stats = WeightSyncStats()
+        self._lora_version = 0  # lora_int_id of the adapter being served (0: none yet)
+        self._lora_request = None
 
     # ------------------------------------------------------------------ generation
     def _sampling_params(self, sampling: SamplingConfig, seed: int | None):
@@ -215,7 +242,7 @@ class VLLMRolloutEngine(RolloutEngine):
             params = [self._sampling_params(sampling, sampling.seed + b * sampling.n) for b in range(len(token_lists))]
         t0 = time.perf_counter()
         outputs = self.llm.generate([TokensPrompt(prompt_token_ids=t) for t in token_lists],
-                                    sampling_params=params, use_tqdm=False)
+                                    sampling_params=params, use_tqdm=False, lora_request=self._lora_request)
         gen_s = time.perf_counter() - t0
         responses, log_probs = [], []
         for out in outputs:
@@ -228,7 +255,7 @@ class VLLMRolloutEngine(RolloutEngine):
                                  pad_token_id=self.pad_token_id)
         n_tok = int(tensors["response_mask"].sum())
         return to_data_proto(tensors, meta_info={"rollout_backend": self.backend, "gen_time_s": gen_s,
-                                                 "gen_tokens": n_tok})
+                                                 "gen_tokens": n_tok, "lora_version": self._lora_version})
 
     # ------------------------------------------------------------------ weights
     @property
@@ -306,6 +333,88 @@ class VLLMRolloutEngine(RolloutEngine):
         yield consume
         assembler.check_complete()
         fuser.check_complete()
+
+    # ------------------------------------------------------------------ LoRA adapters
+    @property
+    def lora_version(self) -> int:
+        """lora_int_id of the adapter `generate` uses (0: the base model, no adapter loaded yet)."""
+        return self._lora_version
+
+    def _adapter_spec(self, config) -> AdapterSpec:
+        if self.config.lora_rank <= 0:
+            raise ValueError("this vLLM engine was built without LoRA (rollout.lora_rank=0): set rollout.lora_rank "
+                             "to the adapter's rank, or sync merged weights with weight_update()")
+        spec = adapter_spec(config, default_rank=self.config.lora_rank, default_alpha=self.config.lora_alpha,
+                            default_targets=self.config.lora_target_modules)
+        if spec.rank > self.config.lora_rank:
+            raise ValueError(f"adapter rank {spec.rank} > rollout.lora_rank={self.config.lora_rank} the engine was "
+                             "built for; raise rollout.lora_rank")
+        return spec
+
+    def lora_shapes(self, config=None) -> dict[str, tuple[int, int]]:
+        """{adapter factor name: global shape} of an adapter with `config` (rollout/lora.py)."""
+        spec = self._adapter_spec(config)
+        return lora_param_shapes(self._shapes, rank=spec.rank, target_modules=spec.target_modules)
+
+    def lora_needed_boxes(self, config=None) -> dict:
+        """{adapter factor name: Box} this rank must receive per `lora_update(config)`."""
+        return lora_needed_boxes(self.lora_shapes(config), tp_rank=self._tp_rank, tp_size=self.tp,
+                                 num_kv_heads=self._num_kv_heads, head_dim=self._head_dim)
+
+    @contextmanager
+    def lora_update(self, config=None, *, outside_fill: float | None = None) -> Iterator[Consumer]:
+        """Yield `consume(pieces)` for one adapter version; on exit the adapter is live (module docstring).
+
+        outside_fill: value for the part of full-shape factor buffers outside this rank's box
+            (None: left uninitialised; tests pass NaN to prove vLLM never reads it).
+        """
+        self.require_awake(("weights",), doing="a LoRA update")
+        spec = self._adapter_spec(config)
+        shapes = lora_param_shapes(self._shapes, rank=spec.rank, target_modules=spec.target_modules)
+        needed = lora_needed_boxes(shapes, tp_rank=self._tp_rank, tp_size=self.tp,
+                                   num_kv_heads=self._num_kv_heads, head_dim=self._head_dim)
+        assembler = ShardAssembler(needed=needed, full_shapes=shapes, full_shape_buffers=True, fill=outside_fill)
+        self._last_stats = assembler.stats
+        tensors: dict[str, torch.Tensor] = {}
+
+        def consume(pieces):
+            with timed(assembler.stats), torch.no_grad():
+                for name, box, t in assembler.add(pieces):
+                    if name.endswith(".lora_B.weight"):
+                        t[box.slices()] *= spec.scaling  # only the box: the rest is never read
+                    tensors[PEFT_PREFIX + name] = t
+
+        yield consume
+        assembler.check_complete()
+        with timed(assembler.stats), torch.no_grad():
+            self._install_adapter(tensors, spec)
+        self.llm.reset_prefix_cache()
+
+    def _install_adapter(self, tensors: dict[str, torch.Tensor], spec: AdapterSpec) -> None:
+        """Register the adapter in vLLM's worker LoRA manager under a new id; drop every older one."""
+        from vllm.lora.lora_model import LoRAModel
+        from vllm.lora.peft_helper import PEFTHelper
+        from vllm.lora.request import LoRARequest
+
+        worker_manager = self._runner.lora_manager
+        manager = worker_manager._adapter_manager
+        # lora_alpha = r: scaling 1 in vLLM, the real scaling is already in B (see lora_update).
+        helper = PEFTHelper.from_dict({"r": spec.rank, "lora_alpha": spec.rank,
+                                       "target_modules": list(spec.target_modules)})
+        helper.validate_legal(worker_manager.lora_config)
+        model = manager.model
+        mapper = getattr(model, "hf_to_vllm_mapper", None)
+        version = self._lora_version + 1
+        lora = LoRAModel.from_lora_tensors(
+            lora_model_id=version, tensors=tensors, peft_helper=helper, device="cpu",
+            dtype=worker_manager.lora_config.lora_dtype, model_vocab_size=worker_manager.vocab_size,
+            weights_mapper=mapper.get_rename_mapper() if mapper is not None else None,
+            skip_prefixes=getattr(model, "lora_skip_prefixes", None))
+        worker_manager.remove_all_adapters()
+        manager.add_adapter(lora)
+        self._lora_version = version
+        self._lora_request = LoRARequest(lora_name=f"rlframe-lora-v{version}", lora_int_id=version,
+                                         lora_path=f"rlframe-in-memory://lora-v{version}")
 
     # ------------------------------------------------------------------ memory
     def _release(self) -> tuple[str, ...]:

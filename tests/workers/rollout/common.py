@@ -36,3 +36,20 @@ def piece_buckets(state: dict[str, torch.Tensor], needed: dict[str, Box], *, par
             pieces.append((name, box, tensor[box.slices()].clone()))
     step = params_per_bucket * parts - 1  # odd size: a parameter's pieces straddle buckets
     return [pieces[i:i + step] for i in range(0, len(pieces), step)]
+
+
+def random_adapter(shapes: dict[str, tuple[int, int]], *, seed: int, scale: float = 0.1) -> dict[str, torch.Tensor]:
+    """Nonzero Gaussian lora_A/lora_B factors of the given shapes (B nonzero, unlike PEFT's init)."""
+    g = torch.Generator().manual_seed(seed)
+    return {n: scale * torch.randn(s, generator=g) for n, s in shapes.items()}
+
+
+def merged_weights(base: dict[str, torch.Tensor], adapter: dict[str, torch.Tensor], scaling: float
+                   ) -> dict[str, torch.Tensor]:
+    """`base` with every adapted projection replaced by W + scaling * B @ A."""
+    out = dict(base)
+    for name, a in adapter.items():
+        if name.endswith(".lora_A.weight"):
+            stem = name[: -len(".lora_A.weight")]
+            out[f"{stem}.weight"] = base[f"{stem}.weight"] + scaling * adapter[f"{stem}.lora_B.weight"] @ a
+    return out
