@@ -5,10 +5,13 @@
     batch = engine.generate(prompts, SamplingConfig(n=4, temperature=1.0, max_new_tokens=64))
     with engine.weight_update() as consume:      # fed by the resharding executor, bucket by bucket
         execute_plan(plan, local=shards, consumer=consume)
+    with engine.lora_update(adapter_config) as consume:  # LoRA (lora_rank > 0): only the adapter
+        execute_plan(plan, local=adapter_shards, consumer=consume)
 
 Files: config.py (settings), base.py (interface), batch.py (contract batch in/out),
 vllm_engine.py, hf_engine.py (backends), weight_sync.py (which slice a rank needs, assembling it),
-kernel_format.py (GPU in-place path), logprob_check.py (rollout vs training log-probs).
+kernel_format.py (GPU in-place path), lora.py (adapter settings, shapes, per-rank boxes; the
+merged-weights fallback), logprob_check.py (rollout vs training log-probs).
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ from rlframe.utils.spawn import run_distributed  # noqa: E402
 from rlframe.workers.rollout import RolloutConfig, SamplingConfig, logprob_diff_metrics, response_log_probs  # noqa: E402
 from rlframe.workers.rollout.hf_engine import HFRolloutEngine  # noqa: E402
 from rlframe.workers.rollout.vllm_engine import VLLMRolloutEngine  # noqa: E402
-from tests.workers.rollout.common import merged_weights, piece_buckets, prompt_batch, random_adapter  # noqa: E402
+from tests.workers.rollout.common import merged_weights, perturbed, piece_buckets, prompt_batch, random_adapter  # noqa: E402
 
 pytestmark = pytest.mark.vllm
 GREEDY = SamplingConfig(temperature=0.0, max_new_tokens=16)
@@ -95,6 +95,21 @@ def test_sampled_log_probs_with_adapter_match_training_forward(engines):
     ref = response_log_probs(reference.model, out, temperature=0.7)
     m = logprob_diff_metrics(out["rollout_log_probs"], ref, out["response_mask"])
     assert m["rollout/logprob_diff_mean"] < 1e-3 and m["rollout/logprob_diff_max"] < 1e-2, m
+
+
+def test_base_weight_update_keeps_the_adapter(engines):
+    vllm_engine, reference, base = engines
+    adapter = random_adapter(vllm_engine.lora_shapes(ADAPTER_1), seed=7)
+    vllm_engine.update_lora(adapter, ADAPTER_1)
+    new_base = perturbed(base, seed=8)
+    prompts = prompt_batch(reference.tokenizer, 8)
+    try:
+        vllm_engine.update_weights(piece_buckets(new_base, vllm_engine.needed_boxes))
+        reference.update_weights(merged_weights(new_base, adapter, 2.0))
+        assert torch.equal(vllm_engine.generate(prompts, GREEDY).batch["responses"],
+                           reference.generate(prompts, GREEDY).batch["responses"])
+    finally:
+        vllm_engine.update_weights(base)
 
 
 def test_incomplete_adapter_and_wrong_settings_are_errors(engines, model_path):
