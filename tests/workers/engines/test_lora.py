@@ -5,11 +5,11 @@ engines side by side on a ("rep", "dp", "tp") mesh and checks, within 1e-5 (fp32
 - log-probs, loss and adapter weights agree across layouts over two steps (the first step makes
   lora_B nonzero, so the second compares a real adapter);
 - the base weights stay bit-identical and the optimizer holds state only for adapters;
-- adapters disabled reproduce a LoRA-free engine's log-probs;
+- adapters disabled reproduce a LoRA-free engine's log-probs exactly;
 - each rank's adapter shards are the boxes the resharding layout predicts;
 - a checkpoint round trip continues training identically, and a mismatched config is refused;
 - the export: PEFT loads the adapter directory, and its logits equal the merged HF model's and the
-  engine's log-probs.
+  engine's log-probs (for a critic: values, with the value head saved in the adapter).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from rlframe.utils.spawn import run_distributed
 from tests.workers.engines.reference import make_batch, max_abs_diff, policy_loss, reference_outputs, value_loss
 
 TOL = 1e-5
-HP = dict(lr=1e-2, weight_decay=0.1, eps=1e-6, grad_clip=1.0, lora_rank=4, lora_alpha=8.0)
+HP = dict(lr=3e-3, weight_decay=0.1, eps=1e-6, grad_clip=1.0, lora_rank=4, lora_alpha=8.0)
 LAYOUTS = [(1, 1), (2, 1), (1, 2)]  # (dp, tp)
 
 
@@ -133,7 +133,7 @@ def _all(rank, world, path, out_dir):
         base_lp = plain.forward_log_probs(mine)["log_probs"]
         off = engine.forward_log_probs(mine, disable_adapter=True)["log_probs"]
         on = engine.forward_log_probs(mine)["log_probs"]
-        errors[f"dp{dp}tp{tp}/disabled_vs_base"] = max_abs_diff(off, base_lp, mine["response_mask"])
+        facts[f"dp{dp}tp{tp}/disabled_equals_base_exactly"] = max_abs_diff(off, base_lp, mine["response_mask"]) == 0.0
         facts[f"dp{dp}tp{tp}/disabled_differs_from_enabled"] = max_abs_diff(on, off, mine["response_mask"]) > 1e-4
         facts[f"dp{dp}tp{tp}/plain_refuses_disable"] = _raises(lambda: plain.forward_log_probs(mine, disable_adapter=True),
                                                                "no LoRA adapters")
@@ -149,13 +149,17 @@ def _all(rank, world, path, out_dir):
     facts["critic/base_frozen_but_score"] = all(torch.equal(cbase[k], cbase0[k]) == (not k.startswith("score."))
                                                 for k in cbase0)
     facts["critic/adapters_trained"] = all(not torch.equal(cad[k], full0[k]) for k in cad)
+    critic.export_hf(f"{out_dir}/critic_export")
+    critic_values = critic.forward_values(mine).numpy()
+    critic_rows = _dp_slice(batch, critic)[1]
 
     engine, _, rows = runs[(1, 2)]
     ckpt = _checkpoint_round_trip(engine, path, world, batch, errors, facts, out_dir)
     engine.export_hf(f"{out_dir}/export")
     mine, rows = _dp_slice(batch, engine)
     exported = engine.forward_log_probs(mine)["log_probs"].numpy()
-    return {"errors": errors, "facts": facts, "exported": exported, "rows": (rows.start, rows.stop), "ckpt": ckpt}
+    return {"errors": errors, "facts": facts, "exported": exported, "rows": (rows.start, rows.stop), "ckpt": ckpt,
+            "critic_values": critic_values, "critic_rows": (critic_rows.start, critic_rows.stop)}
 
 
 def _raises(fn, text) -> bool:
@@ -256,3 +260,27 @@ def test_export_peft_adapter_and_merged_model(spawned, model_path):
         lo, hi = r["rows"]
         engine_lp = torch.from_numpy(np.asarray(r["exported"]))
         assert max_abs_diff(engine_lp, got_peft[lo:hi], mask[lo:hi]) < TOL
+
+
+def test_export_critic_keeps_value_head_in_adapter(spawned, model_path):
+    from peft import PeftModel
+    from transformers import AutoModelForTokenClassification
+
+    from tests.workers.engines.reference import build_reference
+
+    results, out_dir = spawned
+    export = out_dir / "critic_export"
+    batch = make_batch()
+
+    def values(model):
+        model.config.use_cache = False
+        with torch.no_grad():
+            return reference_outputs(model, batch, head="value")["values"]
+
+    peft_model = PeftModel.from_pretrained(build_reference(model_path, head="value"), str(export / "adapter")).eval()
+    merged = AutoModelForTokenClassification.from_pretrained(str(export), num_labels=1, dtype=torch.float32).eval()
+    got_peft, mask = values(peft_model), batch["response_mask"]
+    assert max_abs_diff(got_peft, values(merged), mask) < TOL
+    for r in results:
+        lo, hi = r["critic_rows"]
+        assert max_abs_diff(torch.from_numpy(np.asarray(r["critic_values"])), got_peft[lo:hi], mask[lo:hi]) < TOL

@@ -64,6 +64,9 @@ class MegatronTrainEngine(BatchedForward, TrainEngine):
     def __init__(self, config: TrainEngineConfig):
         if not dist.is_initialized():
             raise ValueError("MegatronTrainEngine needs an initialised torch.distributed process group")
+        if config.lora_rank:
+            raise ValueError(f"lora_rank={config.lora_rank}: LoRA is not supported by the megatron engine; use "
+                             "strategy=fsdp (or lora_rank=0 to train the whole model)")
         world = dist.get_world_size()
         if config.dp * config.tp * config.pp != world:
             raise ValueError(f"dp({config.dp}) * tp({config.tp}) * pp({config.pp}) != the {world} ranks of the "
