@@ -1,7 +1,7 @@
 """LoRA in the fsdp engine, on 2 real gloo processes.
 
-One spawn runs dp1-tp1 (the single-process reference, once per rank), dp2-tp1 and dp1-tp2 LoRA
-engines side by side on a ("rep", "dp", "tp") mesh and checks, within 1e-5 (fp32):
+One spawn runs dp1-tp1 (the single-process reference, once per rank), dp2-tp1, dp1-tp2 and dp2-tp1
+under FSDP's ZeRO-3 schedule LoRA engines side by side on a ("rep", "dp", "tp") mesh and checks, within 1e-5 (fp32):
 - log-probs, loss and adapter weights agree across layouts over two steps (the first step makes
   lora_B nonzero, so the second compares a real adapter);
 - the base weights stay bit-identical and the optimizer holds state only for adapters;
@@ -23,7 +23,9 @@ from tests.workers.engines.reference import make_batch, max_abs_diff, policy_los
 
 TOL = 1e-5
 HP = dict(lr=3e-3, weight_decay=0.1, eps=1e-6, grad_clip=1.0, lora_rank=4, lora_alpha=8.0)
-LAYOUTS = [(1, 1), (2, 1), (1, 2)]  # (dp, tp)
+# (dp, tp, engine overrides); the last is FSDP's ZeRO-3 schedule (the GPU default) with uneven
+# token-budget micro-batches over the dp ranks
+LAYOUTS = [(1, 1, {}), (2, 1, {}), (1, 2, {}), (2, 1, {"gather_once_per_step": False, "max_tokens_per_micro_batch": 20})]
 
 
 @pytest.fixture(scope="module")
@@ -61,9 +63,9 @@ def _diff(a: dict, b: dict) -> float:
     return max(max_abs_diff(a[k], b[k]) for k in a)
 
 
-def _run_layout(path, dp, tp, world, batch):
+def _run_layout(path, dp, tp, world, batch, **overrides):
     """Two LoRA steps; per step: log-probs, loss, grad norm, adapters after it. Plus invariants."""
-    engine = _engine(path, dp=dp, tp=tp, world=world)
+    engine = _engine(path, dp=dp, tp=tp, world=world, **overrides)
     adapters0, base0 = _split(engine.full_state_dict())
     mine, rows = _dp_slice(batch, engine)
     steps = []
@@ -111,15 +113,16 @@ def _all(rank, world, path, out_dir):
     errors: dict[str, float] = {}
     facts: dict[str, bool] = {}
     runs = {}
-    for dp, tp in LAYOUTS:
-        engine, steps, rows, f = _run_layout(path, dp, tp, world, batch)
-        runs[(dp, tp)] = (engine, steps, rows)
-        facts.update({f"dp{dp}tp{tp}/{k}": v for k, v in f.items()})
-    _, ref_steps, _ = runs[(1, 1)]
-    for (dp, tp), (engine, steps, rows) in runs.items():
+    for dp, tp, overrides in LAYOUTS:
+        tag = f"dp{dp}tp{tp}" + ("/zero3" if overrides else "")
+        engine, steps, rows, f = _run_layout(path, dp, tp, world, batch, **overrides)
+        runs[tag] = (engine, steps, rows)
+        facts.update({f"{tag}/{k}": v for k, v in f.items()})
+    _, ref_steps, _ = runs["dp1tp1"]
+    for name, (engine, steps, rows) in runs.items():
         mask = batch["response_mask"][rows]
         for i, (got, ref) in enumerate(zip(steps, ref_steps)):
-            tag = f"dp{dp}tp{tp}/step{i}"
+            tag = f"{name}/step{i}"
             errors[f"{tag}/log_probs"] = max_abs_diff(got["log_probs"], ref["log_probs"][rows], mask)
             errors[f"{tag}/loss"] = abs(got["loss"] - ref["loss"])
             errors[f"{tag}/grad_norm"] = abs(got["grad_norm"] - ref["grad_norm"])
@@ -127,7 +130,7 @@ def _all(rank, world, path, out_dir):
 
     # Adapters off == the model without LoRA (same layout, same base weights).
     for dp, tp in ((2, 1), (1, 2)):
-        engine, _, rows = runs[(dp, tp)]
+        engine, _, rows = runs[f"dp{dp}tp{tp}"]
         plain = _engine(path, dp=dp, tp=tp, world=world, lora_rank=0)
         mine, _ = _dp_slice(batch, engine)
         base_lp = plain.forward_log_probs(mine)["log_probs"]
@@ -153,7 +156,7 @@ def _all(rank, world, path, out_dir):
     critic_values = critic.forward_values(mine).numpy()
     critic_rows = _dp_slice(batch, critic)[1]
 
-    engine, _, rows = runs[(1, 2)]
+    engine, _, rows = runs["dp1tp2"]
     ckpt = _checkpoint_round_trip(engine, path, world, batch, errors, facts, out_dir)
     engine.export_hf(f"{out_dir}/export")
     mine, rows = _dp_slice(batch, engine)
@@ -204,7 +207,7 @@ def test_layouts_agree_and_base_stays_frozen(spawned):
     for r in results:
         for k, v in r["errors"].items():
             worst[k] = max(worst.get(k, 0.0), v)
-    assert len([k for k in worst if k.endswith("/adapters")]) == 6, sorted(worst)
+    assert len([k for k in worst if k.endswith("/adapters")]) == 8, sorted(worst)
     bad = {k: v for k, v in worst.items() if not v <= TOL}
     assert not bad, f"differences above {TOL}: {bad}"
     failed = sorted(k for r in results for k, v in r["facts"].items() if not v)
