@@ -287,3 +287,13 @@ def test_export_critic_keeps_value_head_in_adapter(spawned, model_path):
     for r in results:
         lo, hi = r["critic_rows"]
         assert max_abs_diff(torch.from_numpy(np.asarray(r["critic_values"])), got_peft[lo:hi], mask[lo:hi]) < TOL
+
+
+def test_resharding_layout_splits_adapters_like_the_engine():
+    from rlframe.resharding.layout import hf_tp_split_dim
+
+    p = "model.layers.0."
+    assert hf_tp_split_dim(p + "self_attn.q_proj.lora_B.weight") == 0  # column-parallel: B on out
+    assert hf_tp_split_dim(p + "self_attn.q_proj.lora_A.weight") is None
+    assert hf_tp_split_dim(p + "mlp.down_proj.lora_A.weight") == 1  # row-parallel: A on in
+    assert hf_tp_split_dim(p + "mlp.down_proj.lora_B.weight") is None
