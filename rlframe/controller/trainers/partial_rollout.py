@@ -8,7 +8,8 @@ One step, as the driver sees it (B = data.train_batch_size groups of n samples):
     while fewer than B groups are complete (short by S):
         serve every unfinished sample that has no segment from this step's weights yet, and start
             S - (groups in progress) new groups (prompts drawn from the loader as needed)
-        when all in progress were served: start S more groups, or, with B groups in progress,
+        when all in progress were served: start S / p more groups (p: the share of groups that
+            completed in their first segment so far), or, with B groups in progress,
             give every unfinished sample one more segment (the same weights: chunked generation)
         one batched call: <= b tokens each (its prompt + its tokens so far as the prompt, n=1)
         a sample is complete at EOS or after data.response_length tokens; a group when all n are
@@ -31,6 +32,7 @@ so nothing is lost or trained twice.
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -92,6 +94,7 @@ class PartialRollouts:
         self.pad_id = tok.pad_token_id if tok.pad_token_id is not None else 0
         self.eos_ids = {tok.eos_token_id} if tok.eos_token_id is not None else set()
         self.pool: list[Group] = []  # oldest first
+        self.started = self.completed_first = 0  # groups started, and of those complete after one segment
 
     # ---- the step's batch ----------------------------------------------------------------------
     def next(self, step: int) -> tuple[DataProto, dict]:
@@ -103,13 +106,21 @@ class PartialRollouts:
             short = want - done
             in_progress = [g for g in self.pool if g.started and not g.done]
             todo = [s for g in in_progress for s in g.samples if not s.done and not s.served(version)]
-            start = max(0, short - len(in_progress)) if todo else short if len(in_progress) < POOL_GROUPS * want else 0
-            for g in self._unstarted(start):
+            if todo:
+                start = max(0, short - len(in_progress))
+            else:  # S more complete groups take about S / p new ones
+                room = POOL_GROUPS * want - len(in_progress)
+                rate = self.completed_first / self.started if self.started else 1.0
+                start = max(0, min(room, math.ceil(short / max(rate, 1.0 / want))))
+            new = self._unstarted(start)
+            for g in new:
                 todo += g.samples
             if not todo:  # the pool is full and all of it was served: chunk on with these weights
                 todo = [s for g in in_progress for s in g.samples if not s.done]
             rounds += 1
             discarded += self._generate_round(todo, step, version, salt=rounds, metrics=metrics)
+            self.started += len(new)
+            self.completed_first += sum(g.done for g in new)
         ready = [g for g in self.pool if g.done][:want]
         self.pool = [g for g in self.pool if not any(g is r for r in ready)]
         batch = self._batch(ready)
@@ -122,7 +133,8 @@ class PartialRollouts:
             "partial/rounds": float(rounds), "partial/discarded_tokens": float(discarded),
             "partial/segments_mean": float(segments.mean()), "partial/continued_frac": float((segments > 1).float().mean()),
             "partial/pool_groups": float(len(self.pool)),
-            "partial/unfinished_samples": float(sum(not s.done for g in self.pool for s in g.samples)),
+            "partial/unfinished_samples": float(sum(bool(s.versions) and not s.done for g in self.pool for s in g.samples)),
+            "partial/first_segment_complete_frac": self.completed_first / max(self.started, 1),
             "async/staleness": float(staleness.max()), "async/staleness_mean": float(staleness.float().mean()),
             "async/policy_version": float(oldest.min()),
         })
@@ -196,14 +208,16 @@ class PartialRollouts:
         return DataProto.from_dict(tensors=tensors, non_tensors=non_tensors)
 
     # ---- checkpoints ---------------------------------------------------------------------------
-    def state_dict(self) -> list[dict]:
-        """The pool as JSON-able data (trainer_state.json)."""
-        return [{"prompt": g.prompt, "fields": {k: _plain(v) for k, v in g.fields.items()},
-                 "samples": [dataclasses.asdict(s) for s in g.samples]} for g in self.pool]
+    def state_dict(self) -> dict:
+        """The pool and the completion counts as JSON-able data (trainer_state.json)."""
+        return {"started": self.started, "completed_first": self.completed_first,
+                "pool": [{"prompt": g.prompt, "fields": {k: _plain(v) for k, v in g.fields.items()},
+                          "samples": [dataclasses.asdict(s) for s in g.samples]} for g in self.pool]}
 
-    def load_state_dict(self, state: list[dict]) -> None:
+    def load_state_dict(self, state: dict) -> None:
+        self.started, self.completed_first = int(state["started"]), int(state["completed_first"])
         self.pool = [Group(prompt=list(g["prompt"]), fields=dict(g["fields"]),
-                           samples=[Sample(**s) for s in g["samples"]]) for g in state]
+                           samples=[Sample(**s) for s in g["samples"]]) for g in state["pool"]]
 
 
 def _plain(value):

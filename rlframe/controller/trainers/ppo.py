@@ -251,7 +251,7 @@ class PPOTrainer:
         self.kl_ctrl.load_state_dict(state["kl_ctrl"])
         restore_driver_rng(state["rng"])
         if self.partial is not None:
-            self.partial.load_state_dict(state.get("partial_rollouts", []))
+            self.partial.load_state_dict(state.get("partial_rollouts", {"started": 0, "completed_first": 0, "pool": []}))
         self.step = int(state["step"])
         self.tracker.resume_history(self.step)
         print(f"resumed from {path} at step {self.step}", flush=True)

@@ -45,7 +45,7 @@ def test_partial_rollouts_continue_across_updates_and_resume(tmp_path, ray_clust
 
     # responses in progress at step 2 are in the checkpoint, and a resumed run continues them exactly
     ckpt = Path(summary["run_dir"]) / "checkpoints" / "step_000002"
-    pool = json.loads((ckpt / STATE_FILE).read_text())["partial_rollouts"]
+    pool = json.loads((ckpt / STATE_FILE).read_text())["partial_rollouts"]["pool"]
     assert rows[2]["partial/pool_groups"] == len(pool)
     _, resumed = run("grpo_tiny", PARTIAL + [f"trainer.resume={ckpt}"], tmp_path / "b")
     again = _rows(resumed)
