@@ -28,15 +28,18 @@ engine does not turn it on.)
 
 Fallback where adapters cannot be served (a backend without LoRA support, or targets vLLM cannot
 adapt): build the engine with lora_rank=0, merge on the trainer side (W + scaling * B @ A for every
-target) and send the merged full weights through the ordinary `weight_update()` / `update_weights()`.
-That costs a full-weight sync per step instead of an adapter-sized one, and is exact.
+target; `merge_adapter` does it one parameter at a time) and send the merged full weights through the
+ordinary `weight_update()` / `update_weights()`. That costs a full-weight sync per step instead of an
+adapter-sized one, and is exact up to the rounding of the merge.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Mapping
+from typing import Iterator, Mapping
+
+import torch
 
 from rlframe.resharding.box import Box
 
@@ -133,3 +136,16 @@ def vllm_max_lora_rank(rank: int) -> int:
         if allowed >= rank:
             return allowed
     raise ValueError(f"rollout.lora_rank={rank} exceeds vLLM's largest max_lora_rank {VLLM_MAX_LORA_RANKS[-1]}")
+
+
+def merge_adapter(base: Mapping, adapter: Mapping, *, scaling: float) -> Iterator[tuple[str, torch.Tensor]]:
+    """(name, tensor) of every base parameter, adapted projections as W + scaling * B @ A (the fallback
+    above; feed it to `update_weights`). One merged tensor is alive at a time; `base` is not modified."""
+    for name, weight in base.items():
+        stem = name[: -len(".weight")] if name.endswith(".weight") else None
+        a = adapter.get(f"{stem}.lora_A.weight") if stem is not None else None
+        if a is None:
+            yield name, weight
+            continue
+        b = adapter[f"{stem}.lora_B.weight"]
+        yield name, weight + scaling * (b.to(weight.dtype) @ a.to(weight.dtype))

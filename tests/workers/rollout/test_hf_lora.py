@@ -10,7 +10,7 @@ from rlframe.data.tiny_model import build_random_model
 from rlframe.resharding.box import Box
 from rlframe.workers.rollout import RolloutConfig, SamplingConfig, logprob_diff_metrics, response_log_probs
 from rlframe.workers.rollout.hf_engine import HFRolloutEngine
-from rlframe.workers.rollout.lora import adapter_spec, lora_param_shapes
+from rlframe.workers.rollout.lora import adapter_spec, lora_param_shapes, merge_adapter
 from rlframe.workers.rollout.weight_sync import lora_needed_boxes
 from tests.workers.rollout.common import merged_weights, perturbed, piece_buckets, prompt_batch, random_adapter
 
@@ -81,7 +81,8 @@ def test_lora_errors(engines):
     with pytest.raises(ValueError, match="shares the trainer's module"):
         shared.lora_shapes(config)
     with pytest.raises(ValueError, match="rank_pattern"):
-        adapter_spec({"r": 8, "rank_pattern": {"q_proj": 4}}, default_rank=8, default_alpha=16, default_targets=("q_proj",))
+        adapter_spec({"r": 8, "rank_pattern": {"q_proj": 4}}, default_rank=8, default_alpha=16,
+                     default_targets=("q_proj",))
     with pytest.raises(ValueError, match="lora_rank"):
         RolloutConfig(lora_rank=-1)
 
@@ -103,3 +104,17 @@ def test_lora_shapes_and_tp_boxes():
     assert boxes[1]["model.layers.0.self_attn.o_proj.lora_A.weight"] == Box((0, 32), (4, 32))
     assert boxes[1]["model.layers.0.self_attn.o_proj.lora_B.weight"] == Box.full((128, 4))
     assert boxes[2]["model.layers.0.self_attn.q_proj.lora_A.weight"] == Box.full((4, 128))
+
+
+def test_merge_fallback_gives_the_adapted_model(engines):
+    engine, reference, base = engines
+    config = {"r": 8, "lora_alpha": 16, "target_modules": ["q_proj", "v_proj", "down_proj"]}
+    adapter = random_adapter(engine.lora_shapes(config), seed=6, scale=0.2)
+    engine.update_lora(adapter, config)
+    try:
+        reference.update_weights(merge_adapter(base, adapter, scaling=2.0))  # what a lora_rank=0 engine gets
+        prompts = prompt_batch(engine.tokenizer, 8)
+        assert torch.equal(engine.generate(prompts, GREEDY).batch["responses"],
+                           reference.generate(prompts, GREEDY).batch["responses"])
+    finally:
+        reference.update_weights(base)

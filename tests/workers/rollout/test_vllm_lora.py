@@ -173,9 +173,10 @@ def test_tp2_adapter_slices_per_rank_match_transformers(model_path):
     n0, n1 = results[0]["needed"], results[1]["needed"]
     attn = "model.layers.0.self_attn"
     # column-parallel: B's output rows split, A whole; row-parallel: A's input columns split, B whole
-    assert n0[f"{attn}.q_proj.lora_B.weight"] == ((0, 0), (64, 8)) and n1[f"{attn}.q_proj.lora_B.weight"] == ((64, 0), (64, 8))
+    q_b, o_a = f"{attn}.q_proj.lora_B.weight", f"{attn}.o_proj.lora_A.weight"
+    assert n0[q_b] == ((0, 0), (64, 8)) and n1[q_b] == ((64, 0), (64, 8))
     assert n0[f"{attn}.q_proj.lora_A.weight"] == n1[f"{attn}.q_proj.lora_A.weight"] == ((0, 0), (8, 128))
-    assert n0[f"{attn}.o_proj.lora_A.weight"] == ((0, 0), (8, 64)) and n1[f"{attn}.o_proj.lora_A.weight"] == ((0, 64), (8, 64))
+    assert n0[o_a] == ((0, 0), (8, 64)) and n1[o_a] == ((0, 64), (8, 64))
     assert n0[f"{attn}.o_proj.lora_B.weight"] == ((0, 0), (128, 8))
     assert n0["model.layers.0.mlp.down_proj.lora_A.weight"] == ((0, 0), (8, 192))
     assert results[0]["bytes_received"] == sum(4 * torch.Size(s).numel() for _, s in n0.values())
