@@ -6,6 +6,11 @@ split batches over; "rollout" is the generation layout (dp_g = world / tp_g, tp_
 `generate_sequences` splits prompts over. Before each generation, the training shards are
 resharded into the generation layout by the plan made once at start-up (rlframe.resharding) and
 streamed bucket by bucket into the rollout engine; nothing touches the disk.
+
+With LoRA (actor.lora_rank > 0) only the adapters train and only they are synced: the plan covers
+the lora_A/lora_B factors, which go into the slices vLLM's LoRA layers keep, and the rollout engine
+serves base + adapter. The reference policy is this worker's own model with the adapters off
+(`compute_ref_log_prob`), so no second copy of the weights is loaded.
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ from rlframe.resharding.channel import P2PChannel
 from rlframe.resharding.executor import execute_plan
 from rlframe.resharding.layout import generation_layout
 from rlframe.workers.common import (
-    LOSS_WEIGHTING, build_train_engine, metrics_only, prefixed, rollout_config, train_mesh,
+    LOSS_WEIGHTING, build_train_engine, lora_sync_config, metrics_only, prefixed, rollout_config, train_mesh,
 )
 from rlframe.workers.losses import actor_loss_fn, check_on_policy, dpo_loss_fn, sft_loss_fn
 from rlframe.workers.rollout import SamplingConfig, build_rollout_engine
@@ -33,6 +38,7 @@ class ActorWorker(TrainedRole):
     def __init__(self, *, model_path: str, actor: TrainRoleConfig, algorithm: AlgorithmConfig,
                  rollout: RolloutSection | None, max_model_len: int, total_steps: int, seed: int = 0):
         self.cfg, self.algo, self.model_path = actor, algorithm, model_path
+        self.lora = actor.lora_rank > 0
         self.engine = build_train_engine(actor, model_path=model_path, head="lm", total_steps=total_steps, seed=seed)
         self.set_mesh(train_mesh(actor))
         self.rollout = None
@@ -40,7 +46,8 @@ class ActorWorker(TrainedRole):
             self.set_mesh(Mesh.of(dp=self.world_size // rollout.tp, tp=rollout.tp), name="rollout")
             on_gpu = self.engine.device.type == "cuda"
             self.rollout = build_rollout_engine(model_path, config=rollout_config(
-                rollout, max_model_len=max_model_len, seed=seed, compute_dtype=self.engine.compute_dtype, on_gpu=on_gpu))
+                rollout, max_model_len=max_model_len, seed=seed, compute_dtype=self.engine.compute_dtype, on_gpu=on_gpu,
+                actor=actor))
             self.bucket_bytes = rollout.bucket_bytes
             self._plan = self._make_reshard_plan(gen_tp=rollout.tp)
         self._weights_stale = False  # the rollout engine loaded the same checkpoint at start-up
@@ -49,14 +56,23 @@ class ActorWorker(TrainedRole):
     def _make_reshard_plan(self, *, gen_tp: int):
         src = self.engine.resharding_layout()  # the engine asserts its shards match this layout
         dst, _ = generation_layout(src, tp=gen_tp)  # the same layout and scheme the dry run prints
-        return vllm_plan(self.engine.param_metas(), src=src, dst=dst, model_path=self.model_path)
+        return vllm_plan(self._synced_metas(), src=src, dst=dst, model_path=self.model_path)
+
+    def _synced_metas(self) -> dict:
+        """What a sync sends: the adapters with LoRA, else every parameter (HF name -> ParamMeta)."""
+        return self.engine.lora_param_metas() if self.lora else self.engine.param_metas()
+
+    def _synced_shards(self) -> dict:
+        shards = self.engine.lora_local_shards() if self.lora else self.engine.local_shards()
+        return {name: t for name, (_, _, t) in shards.items()}
 
     def _sync_weights(self) -> dict[str, float]:
         if not self._weights_stale:
             return {}
-        local = {name: t for name, (_, _, t) in self.engine.local_shards().items()}
-        with self.rollout.weight_update() as consume:
-            stats = execute_plan(self._plan, local=local, consumer=consume, bucket_bytes=self.bucket_bytes)
+        update = self.rollout.lora_update(lora_sync_config(self.cfg)) if self.lora else self.rollout.weight_update()
+        with update as consume:
+            stats = execute_plan(self._plan, local=self._synced_shards(), consumer=consume,
+                                 bucket_bytes=self.bucket_bytes)
         self._weights_stale = False
         recv = self.rollout.last_sync_stats  # measured on the receiving side (weight_sync.py)
         return {"reshard/bytes_received_mb": stats.bytes_received / 2**20,
@@ -71,7 +87,7 @@ class ActorWorker(TrainedRole):
     @register(dispatch=Dispatch.ONE_TO_ALL)
     def weight_plan_inputs(self):
         """(HF name -> ParamMeta, training Layout): what the generation group plans the sync from."""
-        return self.engine.param_metas(), self.engine.resharding_layout()
+        return self._synced_metas(), self.engine.resharding_layout()
 
     @register(dispatch=Dispatch.ONE_TO_ALL)
     def join_weight_channel(self, *, addr: str, port: int, gen_tp: int, gen_world: int, bucket_bytes: int,
@@ -81,7 +97,7 @@ class ActorWorker(TrainedRole):
         src = self.engine.resharding_layout()
         self._channel = P2PChannel(addr=addr, port=port, rank=self.rank, world_size=src.size + gen_world,
                                    timeout_s=timeout_s)
-        self._split_plan = vllm_plan(self.engine.param_metas(), src=src, model_path=self.model_path,
+        self._split_plan = vllm_plan(self._synced_metas(), src=src, model_path=self.model_path,
                                      dst=split_generation_layout(src, tp=gen_tp, world=gen_world))
         self.bucket_bytes = bucket_bytes
 
@@ -93,8 +109,8 @@ class ActorWorker(TrainedRole):
     def send_weights(self) -> dict[str, float]:
         """This rank's training shards straight to the generation ranks that need them (collective
         with the generation group's `receive_weights`)."""
-        local = {name: t for name, (_, _, t) in self.engine.local_shards().items()}
-        stats = execute_plan(self._split_plan, local=local, consumer=_nothing_arrives, bucket_bytes=self.bucket_bytes,
+        stats = execute_plan(self._split_plan, local=self._synced_shards(), consumer=_nothing_arrives,
+                             bucket_bytes=self.bucket_bytes,
                              channel=self._channel)
         self._weights_stale = False
         return {"reshard/bytes_sent_mb": stats.bytes_sent / 2**20,
@@ -125,6 +141,18 @@ class ActorWorker(TrainedRole):
         if out is None:
             return None  # not the last pipeline stage: the dispatcher collects from that one
         return DataProto.from_dict(tensors={"old_log_probs": out["log_probs"], "entropy": out["entropy"]})
+
+    @register(dispatch=Dispatch.DP_COMPUTE)
+    def compute_ref_log_prob(self, data: DataProto) -> DataProto:
+        """LoRA: the reference policy's log-probs (B, R), from this model with its adapters off."""
+        if not self.lora:
+            raise ValueError("the actor serves reference log-probs only with LoRA (its base model with adapters "
+                             "off); without it the run has a reference worker group")
+        out = self.engine.forward_log_probs(data, temperature=data.meta_info.get("temperature", 1.0),
+                                            disable_adapter=True)
+        if out is None:
+            return None
+        return DataProto.from_dict(tensors={"ref_log_prob": out["log_probs"]})
 
     @register(dispatch=Dispatch.DP_COMPUTE)
     def update_actor(self, data: DataProto) -> DataProto:

@@ -38,16 +38,24 @@ def train_mesh(role: TrainRoleConfig):
 
 
 def rollout_config(section: RolloutSection, *, max_model_len: int, seed: int, compute_dtype,
-                   on_gpu: bool) -> RolloutConfig:
+                   on_gpu: bool, actor: TrainRoleConfig | None = None) -> RolloutConfig:
     """The rollout engine's settings: it computes in the training engine's dtype (bf16 on GPU, so the
     synced weights are what training computes with) and, unless `kv_cache_bytes` is set, on GPU its KV
-    cache takes what `gpu_memory_utilization` leaves after the weights (on CPU: CPU_KV_CACHE_BYTES)."""
-    return RolloutConfig(
+    cache takes what `gpu_memory_utilization` leaves after the weights (on CPU: CPU_KV_CACHE_BYTES).
+    With the actor's LoRA on, the engine serves its adapter (only adapters are synced)."""
+    lora = {} if actor is None or actor.lora_rank == 0 else dict(
+        lora_rank=actor.lora_rank, lora_alpha=actor.lora_alpha, lora_target_modules=tuple(actor.lora_target_modules))
+    return RolloutConfig(**lora,
         backend=section.backend, tensor_parallel_size=section.tp, max_model_len=max_model_len,
         dtype=str(compute_dtype).removeprefix("torch."), max_num_seqs=section.max_num_seqs,
         gpu_memory_utilization=section.gpu_memory_utilization,
         kv_cache_bytes=kv_cache_bytes(section, on_gpu=on_gpu), seed=seed,
     )
+
+
+def lora_sync_config(role: TrainRoleConfig) -> dict:
+    """The adapter settings a LoRA sync sends with the factors (PEFT's keys)."""
+    return {"r": role.lora_rank, "lora_alpha": role.lora_alpha, "target_modules": list(role.lora_target_modules)}
 
 
 def kv_cache_bytes(section: RolloutSection, *, on_gpu: bool) -> int | None:

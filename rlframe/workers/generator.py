@@ -9,7 +9,7 @@ import time
 
 import torch
 
-from rlframe.config.schema import RolloutSection
+from rlframe.config.schema import RolloutSection, TrainRoleConfig
 from rlframe.controller import Dispatch, Mesh, Worker, register
 from rlframe.controller.dispatch import METRICS_KEY
 from rlframe.protocol import DataProto
@@ -17,20 +17,23 @@ from rlframe.resharding.channel import P2PChannel
 from rlframe.resharding.executor import execute_plan
 from rlframe.resharding.layout import Layout
 from rlframe.utils.timing import timed
-from rlframe.workers.common import rollout_config
+from rlframe.workers.common import lora_sync_config, rollout_config
 from rlframe.workers.engines.base import compute_dtype, resolve_mixed_precision
 from rlframe.workers.rollout import SamplingConfig, build_rollout_engine
 from rlframe.workers.weight_plan import split_generation_layout, vllm_plan
 
 
 class GeneratorWorker(Worker):
-    def __init__(self, *, model_path: str, rollout: RolloutSection, max_model_len: int, seed: int = 0):
+    def __init__(self, *, model_path: str, rollout: RolloutSection, max_model_len: int, seed: int = 0,
+                 actor: TrainRoleConfig | None = None):
+        """actor: the actor's settings; with its LoRA on, this engine serves the adapters it is sent."""
         on_gpu = torch.cuda.is_available()
         dtype = compute_dtype(resolve_mixed_precision(None, on_gpu=on_gpu))  # as training
         self.model_path, self.tp = model_path, rollout.tp
+        self.lora_config = lora_sync_config(actor) if actor is not None and actor.lora_rank > 0 else None
         self.set_mesh(Mesh.of(dp=self.world_size // rollout.tp, tp=rollout.tp))
         self.rollout = build_rollout_engine(model_path, config=rollout_config(
-            rollout, max_model_len=max_model_len, seed=seed, compute_dtype=dtype, on_gpu=on_gpu))
+            rollout, max_model_len=max_model_len, seed=seed, compute_dtype=dtype, on_gpu=on_gpu, actor=actor))
 
     @register(dispatch=Dispatch.ONE_TO_ALL)
     def join_weight_channel(self, *, addr: str, port: int, train_layout: Layout, metas: dict, bucket_bytes: int,
@@ -44,7 +47,8 @@ class GeneratorWorker(Worker):
 
     @register(dispatch=Dispatch.ONE_TO_ALL)
     def receive_weights(self) -> dict[str, float]:
-        with self.rollout.weight_update() as consume:
+        update = self.rollout.weight_update() if self.lora_config is None else self.rollout.lora_update(self.lora_config)
+        with update as consume:
             stats = execute_plan(self._plan, local={}, consumer=consume, bucket_bytes=self.bucket_bytes,
                                  channel=self._channel)
         recv = self.rollout.last_sync_stats

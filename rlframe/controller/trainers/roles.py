@@ -108,12 +108,14 @@ def role_specs(cfg: RunConfig, *, actor_path: str, critic_path: str) -> dict[str
         max_model_len=max_len, total_steps=total, seed=cfg.trainer.seed))}
     if split:
         specs["rollout"] = RoleSpec(GeneratorWorker, kwargs=dict(model_path=actor_path, rollout=cfg.rollout,
-                                                                 max_model_len=max_len, seed=cfg.trainer.seed))
+                                                                 max_model_len=max_len, seed=cfg.trainer.seed,
+                                                                 actor=cfg.actor))
     if cfg.uses_critic:
         specs["critic"] = RoleSpec(worker_class(cfg.critic.worker_cls, CriticWorker), kwargs=dict(
             model_path=critic_path, critic=cfg.critic, loss_agg_mode=cfg.algorithm.loss_agg_mode or "token-mean",
             total_steps=total, seed=cfg.trainer.seed))
-    if cfg.uses_ref or cfg.algorithm.name == "online_dpo":
+    # with LoRA the actor is its own reference (adapters off): no second copy of the weights
+    if (cfg.uses_ref or cfg.algorithm.name == "online_dpo") and cfg.actor.lora_rank == 0:
         specs["ref"] = RoleSpec(ReferenceWorker, kwargs=dict(model_path=actor_path, layout=cfg.actor,
                                                              seed=cfg.trainer.seed))
     return specs
@@ -149,7 +151,10 @@ def build_roles(cfg: RunConfig, *, actor_path: str, critic_path: str) -> RunRole
                             kwargs=dict(model_paths=cfg.reward.model_paths, ensemble=cfg.reward.ensemble), env=env,
                             collective_timeout_s=timeout)
         pools.append(pool)
-    roles = RunRoles(actor=groups["actor"], critic=groups.get("critic"), ref=groups.get("ref"),
+    ref = groups.get("ref")
+    if ref is None and (cfg.uses_ref or cfg.algorithm.name == "online_dpo"):
+        ref = groups["actor"]  # LoRA: ActorWorker.compute_ref_log_prob, the base model with adapters off
+    roles = RunRoles(actor=groups["actor"], critic=groups.get("critic"), ref=ref,
                      reward_model=rm, pools=pools, rollout_tp=cfg.rollout.tp, generator=groups.get("rollout"))
     if roles.generator is not None:
         open_weight_channel(roles.actor, roles.generator, gen_tp=cfg.rollout.tp, bucket_bytes=cfg.rollout.bucket_bytes,
