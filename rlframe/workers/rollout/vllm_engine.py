@@ -217,6 +217,7 @@ class VLLMRolloutEngine(RolloutEngine):
         self._last_stats = WeightSyncStats()
         self._lora_version = 0  # lora_int_id of the adapter being served (0: none yet)
         self._lora_request = None
+        self._lora_model = None  # the LoRAModel of that adapter, handed back whenever vLLM reloads it
 
     # ------------------------------------------------------------------ generation
     def _sampling_params(self, sampling: SamplingConfig, seed: int | None):
@@ -412,9 +413,18 @@ class VLLMRolloutEngine(RolloutEngine):
             skip_prefixes=getattr(model, "lora_skip_prefixes", None))
         worker_manager.remove_all_adapters()
         manager.add_adapter(lora)
+        if self._lora_model is None:
+            _serve_from_memory(worker_manager, self)
+        self._lora_model = lora
         self._lora_version = version
         self._lora_request = LoRARequest(lora_name=f"rlframe-lora-v{version}", lora_int_id=version,
                                          lora_path=f"rlframe-in-memory://lora-v{version}")
+
+    def _in_memory_adapter(self, request):
+        """The LoRAModel for `request` when it is the adapter being served, else None."""
+        if self._lora_model is not None and request.lora_int_id == self._lora_version:
+            return self._lora_model
+        return None
 
     # ------------------------------------------------------------------ memory
     def _release(self) -> tuple[str, ...]:
@@ -436,3 +446,17 @@ class VLLMRolloutEngine(RolloutEngine):
         if getattr(self, "llm", None) is not None:
             self._runner = None
             del self.llm
+
+
+def _serve_from_memory(worker_manager, engine: VLLMRolloutEngine) -> None:
+    """Let vLLM's worker LoRA manager reload the served adapter from memory. vLLM drops every adapter
+    after a dummy step (`maybe_dummy_run_with_lora`: a data-parallel replica with no requests of its
+    own steps in lockstep with the others), and loads a requested adapter it does not hold from
+    `lora_path`; for the in-memory adapter that path is only a label, so the load is answered here."""
+    load_from_path = worker_manager._load_adapter
+
+    def load(request):
+        lora = engine._in_memory_adapter(request)
+        return lora if lora is not None else load_from_path(request)
+
+    worker_manager._load_adapter = load

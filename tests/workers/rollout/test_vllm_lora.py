@@ -112,6 +112,17 @@ def test_base_weight_update_keeps_the_adapter(engines):
         vllm_engine.update_weights(base)
 
 
+def test_adapter_dropped_by_a_dummy_step_is_reloaded_from_memory(engines):
+    """vLLM drops every adapter after a dummy step (a data-parallel replica without requests of its
+    own steps in lockstep); the next request must get the same adapter back, not a load from disk."""
+    vllm_engine, reference, base = engines
+    adapter = random_adapter(vllm_engine.lora_shapes(ADAPTER_1), seed=9)
+    vllm_engine.update_lora(adapter, ADAPTER_1)
+    vllm_engine._runner.lora_manager.remove_all_adapters()  # what vLLM's maybe_dummy_run_with_lora does on exit
+    assert vllm_engine.lora_version not in vllm_engine._runner.lora_manager.list_adapters()
+    _check_against_merged(vllm_engine, reference, prompt_batch(reference.tokenizer, 8), base, adapter, 2.0)
+
+
 def test_incomplete_adapter_and_wrong_settings_are_errors(engines, model_path):
     vllm_engine, _, _ = engines
     version = vllm_engine.lora_version
