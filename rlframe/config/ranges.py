@@ -115,6 +115,8 @@ RANGES: dict[str, Rule] = {
     "trainer.collective_timeout_s": at_least(10, " (seconds; a checkpoint write or model load on one rank must fit)"),
     "trainer.max_staleness": at_least(0, " (0: synchronous)"),
     "rollout.partial_budget": at_least(0, " (0: whole responses in one round)"),
+    "agent.max_turns": at_least(1, " (assistant turns per trajectory)"),
+    "agent.max_result_chars": at_least(1, ""),
     "algorithm.tis_cap": at_least(1.0, " (the largest importance weight kept)"),
 }
 

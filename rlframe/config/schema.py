@@ -196,6 +196,16 @@ class TrainerConfig:
 
 
 @dataclass
+class AgentConfig:
+    # Multi-turn rollouts with tools (docs/agents.md): the policy calls tools between its turns.
+    enabled: bool = False
+    tools_path: str | None = None  # a .py file defining tools (rlframe.agents.tools); None: built-ins only
+    builtin_tools: list[str] = field(default_factory=lambda: ["calculator"])
+    max_turns: int = 3  # assistant turns per trajectory
+    max_result_chars: int = 256  # a tool result is cut to this many characters
+
+
+@dataclass
 class RunConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
@@ -208,6 +218,7 @@ class RunConfig:
     resources: ResourcesConfig = field(default_factory=ResourcesConfig)
     ray: RayConfig = field(default_factory=RayConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    agent: AgentConfig = field(default_factory=AgentConfig)
     imports: list[str] = field(default_factory=list)  # modules that register custom algorithms/workers
 
     @property

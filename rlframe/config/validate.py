@@ -186,6 +186,15 @@ def _check_kl_and_sampling(cfg: RunConfig, out: list[str]) -> None:
         elif b >= data.response_length:
             out.append(f"rollout.partial_budget={b} is at least data.response_length={data.response_length}, so no "
                        "response is ever cut; lower it to cut long responses, or 0 to turn partial rollouts off")
+    if cfg.agent.enabled:
+        blocked = [what for what, on in (("rollout.partial_budget > 0", b > 0), ("trainer.max_staleness > 0", k > 0),
+                                         ("algorithm.name=remax", alg.adv_estimator == "remax"),
+                                         ("algorithm.dynamic_sampling=true", alg.dynamic_sampling),
+                                         (f"algorithm.name={alg.name}", alg.name == "sft"))
+                   if on]
+        if blocked:
+            out.append(f"agent.enabled=true (multi-turn rollouts with tools) is not available with {', '.join(blocked)}; "
+                       "turn those off or set agent.enabled=false")
     if alg.dynamic_sampling and alg.n_samples < 2:
         out.append(f"algorithm.dynamic_sampling=true keeps groups whose rewards differ, which needs "
                    f"algorithm.n_samples >= 2 (got {alg.n_samples}); raise n_samples or turn dynamic_sampling off")

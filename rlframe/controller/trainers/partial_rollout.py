@@ -40,8 +40,7 @@ import torch
 
 from rlframe.controller.trainers import phases
 from rlframe.protocol import DataProto
-from rlframe.utils.masks import position_ids_from_mask
-from rlframe.workers.rollout.batch import assemble_batch
+from rlframe.workers.rollout.batch import assemble_batch, left_pad, prompts_from_rows
 
 POOL_GROUPS = 1  # batches' worth of groups in progress before the pool chunks on instead of starting more
 
@@ -71,18 +70,6 @@ class Group:
     @property
     def started(self) -> bool:
         return any(s.versions for s in self.samples)
-
-
-def left_pad(rows: list[list[int]], *, pad_id: int, width: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """(ids, mask) of token lists left-padded to `width` (default: the longest row)."""
-    width = max(len(r) for r in rows) if width is None else width
-    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(rows), width), dtype=torch.long)
-    for i, r in enumerate(rows):
-        if r:
-            ids[i, width - len(r):] = torch.as_tensor(r, dtype=torch.long)
-            mask[i, width - len(r):] = 1
-    return ids, mask
 
 
 class PartialRollouts:
@@ -162,9 +149,7 @@ class PartialRollouts:
         todo = [(prompt_of[id(s)], s) for s in samples]
         rows = [prompt + s.tokens for prompt, s in todo]
         budget = min(self.budget, max(limit - len(s.tokens) for _, s in todo))
-        ids, mask = left_pad(rows, pad_id=self.pad_id)
-        gen_in = DataProto.from_dict(tensors={"input_ids": ids, "attention_mask": mask,
-                                              "position_ids": position_ids_from_mask(mask)})
+        gen_in = DataProto.from_dict(tensors=prompts_from_rows(rows, pad_id=self.pad_id))
         sampling = phases.sampling_for(t.cfg, n=1, temperature=t.cfg.rollout.temperature,
                                        seed=t.sample_seed(salt=1000 + salt, step=step))
         sampling = dataclasses.replace(sampling, max_new_tokens=budget)

@@ -29,6 +29,7 @@ from rlframe.config.schema import RunConfig
 from rlframe.config.validate import role_world_sizes
 from rlframe.controller import startup
 from rlframe.controller.trainers import phases
+from rlframe.controller.trainers.agent_loop import build_agent_loop
 from rlframe.controller.trainers.async_rollout import RolloutPipeline
 from rlframe.controller.trainers.checkpoint import CheckpointManager, driver_rng_state, restore_driver_rng
 from rlframe.controller.trainers.metrics import batch_metrics, gathered, overhead, throughput
@@ -59,6 +60,7 @@ class PPOTrainer:
         spec = RewardFnSpec(path=cfg.reward.function_path, name=cfg.reward.function_name) \
             if cfg.reward.function_path else None
         self.reward = RewardManager(fn_spec=spec, num_workers=cfg.reward.num_workers)
+        self.agent = build_agent_loop(cfg, self.tokenizer) if cfg.agent.enabled else None  # before any worker
         alg = cfg.algorithm
         self.kl_ctrl = make_kl_controller(kind="adaptive" if alg.kl_target else "fixed", kl_coef=alg.kl_coef,
                                           target_kl=alg.kl_target, horizon=alg.kl_horizon)
@@ -181,7 +183,7 @@ class PPOTrainer:
         alg = self.cfg.algorithm
         sampling = phases.sampling_for(self.cfg, n=alg.n_samples, temperature=self.cfg.rollout.temperature,
                                        seed=self.sample_seed(salt))
-        batch, metrics = phases.generate(self.roles, prompts, sampling=sampling, replicas=self.roles.replicas)
+        batch, metrics = self.generate(prompts, sampling)
         if alg.adv_estimator == "remax":
             batch.batch["reward_baselines"] = self.greedy_baseline(prompts).repeat_interleave(alg.n_samples)
         return batch, metrics
@@ -189,9 +191,19 @@ class PPOTrainer:
     def greedy_baseline(self, prompts: DataProto) -> torch.Tensor:
         """ReMax (Li et al. 2023): the reward of the greedy response is each prompt's baseline."""
         greedy = phases.sampling_for(self.cfg, n=1, temperature=0.0, seed=self.sample_seed(7))
-        batch, _ = phases.generate(self.roles, prompts, sampling=greedy, replicas=self.roles.replicas)
+        batch, _ = self.generate(prompts, greedy)
         batch, _ = self.score(batch)
         return batch.batch["token_level_scores"].sum(-1)
+
+    def generate(self, prompts: DataProto, sampling) -> tuple[DataProto, dict]:
+        """n samples per prompt from the current policy: one generation, or a multi-turn loop with
+        tools (agent.enabled) whose turns are generations."""
+        def one_call(gen_in, s):
+            return phases.generate(self.roles, gen_in, sampling=s, replicas=self.roles.replicas)
+
+        if self.agent is None:
+            return one_call(prompts, sampling)
+        return self.agent.run(prompts, sampling, one_call)
 
     def score(self, batch: DataProto) -> tuple[DataProto, dict]:
         return phases.score(batch, cfg=self.cfg, tokenizer=self.tokenizer, reward_manager=self.reward,
@@ -275,6 +287,8 @@ class PPOTrainer:
     def close(self) -> None:
         self.roles.shutdown()
         self.reward.close()
+        if self.agent is not None:
+            self.agent.runner.close()
 
 
 def _layout_text(role) -> str:

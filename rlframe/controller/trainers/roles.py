@@ -99,6 +99,8 @@ def role_specs(cfg: RunConfig, *, actor_path: str, critic_path: str) -> dict[str
     total = cfg.trainer.total_steps * max(1, cfg.actor.ppo_epochs)
     # a partial rollout's continuation may sample a whole budget past the response length (cut off after)
     max_len = cfg.data.prompt_length + cfg.data.response_length + cfg.rollout.partial_budget
+    if cfg.agent.enabled:  # a later turn's prompt holds the earlier turns, and may ask for all tokens left
+        max_len += cfg.data.response_length
     # Dr. GRPO's seq-mean-token-sum-norm divides by a constant: the maximum response length.
     algorithm = dataclasses.replace(cfg.algorithm, loss_scale_factor=cfg.algorithm.loss_scale_factor
                                     or float(cfg.data.response_length))

@@ -20,15 +20,16 @@ def validate(trainer, dataset) -> dict[str, float]:
     cfg = trainer.cfg
     prompts = validation_prompts(trainer, dataset)
     greedy = phases.sampling_for(cfg, n=1, temperature=cfg.rollout.val_temperature, seed=cfg.trainer.seed)
-    batch, _ = phases.generate(trainer.roles, prompts, sampling=greedy, replicas=trainer.roles.replicas)
+    batch, gen_m = trainer.generate(prompts, greedy)
     batch, _ = trainer.score(batch)
     scores = batch.batch["token_level_scores"].sum(-1)
     out = {"val/accuracy": float((scores >= 1.0).float().mean()), "val/mean_reward": float(scores.mean()),
            "val/response_length": float(batch.batch["response_mask"].sum(-1).float().mean())}
+    out.update({f"val/{k}": v for k, v in gen_m.items() if k.startswith("agent/")})  # tool use, greedy
     k = cfg.rollout.val_n
     if k > 1:
         sampled = phases.sampling_for(cfg, n=k, temperature=max(cfg.rollout.temperature, 1e-3), seed=cfg.trainer.seed + 1)
-        batch, _ = phases.generate(trainer.roles, prompts, sampling=sampled, replicas=trainer.roles.replicas)
+        batch, _ = trainer.generate(prompts, sampled)
         batch, _ = trainer.score(batch)
         solved = (batch.batch["token_level_scores"].sum(-1) >= 1.0).view(len(prompts), k)
         out[f"val/pass@{k}"] = float(solved.any(dim=1).float().mean())

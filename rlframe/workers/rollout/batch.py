@@ -45,6 +45,26 @@ def unpad_prompts(ids: torch.Tensor, mask: torch.Tensor) -> list[list[int]]:
     return [row[m.bool()].tolist() for row, m in zip(ids, mask)]
 
 
+def left_pad(rows: Sequence[Sequence[int]], *, pad_id: int, width: int | None = None
+             ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(ids, mask) of token lists left-padded to `width` (default: the longest row): the prompt
+    layout `generate` takes."""
+    width = max(len(r) for r in rows) if width is None else width
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for i, r in enumerate(rows):
+        if len(r):
+            ids[i, width - len(r):] = torch.as_tensor(list(r), dtype=torch.long)
+            mask[i, width - len(r):] = 1
+    return ids, mask
+
+
+def prompts_from_rows(rows: Sequence[Sequence[int]], *, pad_id: int) -> dict[str, torch.Tensor]:
+    """The left-padded prompt tensors (input_ids, attention_mask, position_ids) of token lists."""
+    ids, mask = left_pad(rows, pad_id=pad_id)
+    return {"input_ids": ids, "attention_mask": mask, "position_ids": position_ids_from_mask(mask)}
+
+
 def assemble_batch(
     *,
     prompt_ids: torch.Tensor,
