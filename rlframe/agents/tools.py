@@ -163,7 +163,7 @@ def _tools_of_file(file: Path) -> list[Tool]:
         raise ValueError(f"tools file {str(file)!r} defines no tools (functions there: {public}); define "
                          "TOOLS = [Tool(...), ...] or decorate functions with @tool(name=..., description=..., "
                          "parameters=...) from rlframe.agents.tools")
-    return [replace(t, source=str(file)) for t in found]
+    return [replace(t, source=str(file.resolve())) for t in found]
 
 
 def _import_file(file: Path):
