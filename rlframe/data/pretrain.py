@@ -34,6 +34,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from rlframe.data.synthetic import ArithmeticSpec, arithmetic_rows
+from rlframe.data.tool_task import ToolArithmeticSpec
 
 # Bump when the training recipe changes in a way the key below does not capture.
 # 3: trained in a child process with REPRODUCIBLE_ENV (AVX2 ATen kernels, MKL CNR COMPATIBLE).
@@ -69,8 +70,10 @@ REPRODUCIBLE_ENV: dict[str, str] = {
 
 # Named task settings for pre-training; the RL demo must generate its data with the same spec
 # and seed so that its test split is held out from what the model saw here.
-TASKS: dict[str, ArithmeticSpec] = {
+TASKS: dict[str, ArithmeticSpec | ToolArithmeticSpec] = {
     "arithmetic": ArithmeticSpec(digits=2, min_digits=1, ops="+"),
+    # Multi-turn transcripts with calculator calls, in the BPE tokenizer's chat format (agent preset).
+    "tool_arithmetic": ToolArithmeticSpec(),
 }
 
 
@@ -94,6 +97,12 @@ class SFTConfig:
     num_train: int = 5000
     num_test: int = 500
     threads: int = 1
+
+
+# Per-task recipe when the caller gives none (the agent's sequences are ~15x longer than the demo's).
+DEFAULT_SFT: dict[str, SFTConfig] = {
+    "tool_arithmetic": SFTConfig(steps=160, batch_size=16, lr=2e-3, warmup=20, num_train=5000, num_test=500),
+}
 
 
 def _cpu_has_avx2() -> bool:
@@ -134,6 +143,8 @@ def sft_examples(task: str, *, seed: int, cfg: SFTConfig) -> tuple[list[tuple[st
     """(prompt, answer) pairs of the train and test splits the pre-training uses."""
     if task not in TASKS:
         raise ValueError(f"unknown pre-training task {task!r}; choose one of {sorted(TASKS)}")
+    if isinstance(TASKS[task], ToolArithmeticSpec):
+        raise ValueError(f"task {task!r} trains on conversations; use chat_sft_examples")
     rows = arithmetic_rows(num_train=cfg.num_train, num_test=cfg.num_test, spec=TASKS[task], seed=seed)
 
     def pairs(split: str) -> list[tuple[str, str]]:
@@ -142,16 +153,63 @@ def sft_examples(task: str, *, seed: int, cfg: SFTConfig) -> tuple[list[tuple[st
     return pairs("train"), pairs("test")
 
 
+def chat_sft_examples(task: str, *, seed: int, cfg: SFTConfig) -> tuple[list[list[dict]], list[dict]]:
+    """Train transcripts (message lists, some with tool calls) and the held-out test rows of a chat task."""
+    from rlframe.data.tool_task import sft_conversations, tool_rows
+
+    spec = TASKS[task]
+    rows = tool_rows(num_train=cfg.num_train, num_test=cfg.num_test, spec=spec, seed=seed)
+    return sft_conversations(rows["train"], spec=spec, seed=seed), rows["test"]
+
+
+def chat_segments(tokenizer, messages: list[dict]) -> list[tuple[str, bool]]:
+    """The rendered conversation as (text, trained) pieces: each assistant turn's content and its
+    end-of-turn token are trained, everything before it (system, user and tool turns, the template's
+    role headers) is context. The pieces join to the chat template's text without its last newline."""
+    eos = tokenizer.eos_token
+    segs: list[tuple[str, bool]] = []
+    done = ""
+    for i, m in enumerate(messages):
+        if m["role"] != "assistant":
+            continue
+        before = tokenizer.apply_chat_template(messages[:i], add_generation_prompt=True, tokenize=False)
+        through = tokenizer.apply_chat_template(messages[: i + 1], tokenize=False)
+        assert before.startswith(done) and through.startswith(before), "the chat template must only append"
+        turn = through[len(before):]
+        turn = turn[: turn.rindex(eos) + len(eos)]
+        segs += [(before[len(done):], False), (turn, True)]
+        done = before + turn
+    return segs
+
+
+def encode_chat_batch(tokenizer, conversations: list[list[dict]]):
+    """Right-padded (B, T) input_ids, attention_mask and labels (-100 outside the assistant turns)."""
+    seqs, labels = [], []
+    for messages in conversations:
+        ids, lab = [], []
+        for text, trained in chat_segments(tokenizer, messages):
+            piece = tokenizer.encode(text, add_special_tokens=False)
+            ids += piece
+            lab += piece if trained else [-100] * len(piece)
+        seqs.append(ids)
+        labels.append(lab)
+    return _pad_batch(tokenizer, seqs, labels)
+
+
 def encode_sft_batch(tokenizer, pairs: list[tuple[str, str]]):
     """Right-padded (B, T) input_ids, attention_mask and labels (-100 on prompt and padding)."""
-    import torch
-
     seqs, labels = [], []
     for prompt, answer in pairs:
         p = tokenizer.encode(prompt, add_special_tokens=False)
         a = tokenizer.encode(answer, add_special_tokens=False) + [tokenizer.eos_token_id]
         seqs.append(p + a)
         labels.append([-100] * len(p) + a)
+    return _pad_batch(tokenizer, seqs, labels)
+
+
+def _pad_batch(tokenizer, seqs: list[list[int]], labels: list[list[int]]):
+    import torch
+
     width = max(len(s) for s in seqs)
     ids = torch.full((len(seqs), width), tokenizer.pad_token_id, dtype=torch.long)
     mask = torch.zeros_like(ids)
@@ -164,11 +222,13 @@ def encode_sft_batch(tokenizer, pairs: list[tuple[str, str]]):
 
 
 def sft_train(
-    model, tokenizer, train: list[tuple[str, str]], *, cfg: SFTConfig, seed: int, callback=None
+    model, tokenizer, train: list, *, cfg: SFTConfig, seed: int, callback=None, encode=encode_sft_batch
 ) -> list[float]:
     """Train `model` in place for `cfg.steps` steps; returns the loss of every step.
 
-    `callback(step, model)` (optional) runs after every step, e.g. to evaluate along the way.
+    `train` holds what `encode(tokenizer, items)` turns into a batch: (prompt, answer) pairs for
+    `encode_sft_batch`, message lists for `encode_chat_batch`. `callback(step, model)` (optional)
+    runs after every step, e.g. to evaluate along the way.
     """
     import torch
 
@@ -180,7 +240,7 @@ def sft_train(
     losses = []
     for step in range(cfg.steps):
         idx = torch.randint(len(train), (cfg.batch_size,), generator=gen).tolist()
-        ids, mask, labels = encode_sft_batch(tokenizer, [train[i] for i in idx])
+        ids, mask, labels = encode(tokenizer, [train[i] for i in idx])
         loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
         opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -204,9 +264,12 @@ def _train_into(tmp: Path, *, preset: str, task: str, seed: int, cfg: SFTConfig)
     build_random_model(tmp, preset=preset, seed=seed)
     tok = AutoTokenizer.from_pretrained(str(tmp))
     model = AutoModelForCausalLM.from_pretrained(str(tmp), dtype=torch.float32)
-    train, _ = sft_examples(task, seed=seed, cfg=cfg)
+    if isinstance(TASKS[task], ToolArithmeticSpec):
+        train, encode = chat_sft_examples(task, seed=seed, cfg=cfg)[0], encode_chat_batch
+    else:
+        train, encode = sft_examples(task, seed=seed, cfg=cfg)[0], encode_sft_batch
     start, cpu = time.perf_counter(), time.process_time()
-    losses = sft_train(model, tok, train, cfg=cfg, seed=seed)
+    losses = sft_train(model, tok, train, cfg=cfg, seed=seed, encode=encode)
     wall, cpu = time.perf_counter() - start, time.process_time() - cpu
     model.save_pretrained(str(tmp))
     info = {
@@ -281,13 +344,17 @@ def build_pretrained_model(
     """
     from rlframe.data.tiny_model import PRESETS
 
-    cfg = cfg or SFTConfig()
+    cfg = cfg or DEFAULT_SFT.get(task, SFTConfig())
     if steps is not None:
         cfg = SFTConfig(**{**asdict(cfg), "steps": steps})
     if task not in TASKS:
         raise ValueError(f"unknown pre-training task {task!r}; choose one of {sorted(TASKS)}")
     if preset not in PRESETS:
         raise ValueError(f"unknown model preset {preset!r}; choose one of {sorted(PRESETS)}")
+    chat_task = isinstance(TASKS[task], ToolArithmeticSpec)
+    if chat_task != (PRESETS[preset].tokenizer == "bpe"):
+        raise ValueError(f"task {task!r} and preset {preset!r} do not fit: the tool task needs the chat template of "
+                         "the BPE tokenizer (preset 'agent'), the other tasks the character tokenizer of the other presets")
     root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     final = root / "models" / cache_key(preset=preset, task=task, seed=seed, cfg=cfg)
     if (final / "rlframe_pretrain.json").exists():

@@ -23,7 +23,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rlframe.rewards.instructions import instruction_score
-from rlframe.rewards.verifiers import arithmetic_score, countdown_score, exact_match, gsm8k_score, math_score
+from rlframe.rewards.verifiers import (
+    arithmetic_score,
+    countdown_score,
+    exact_match,
+    gsm8k_score,
+    math_score,
+    tool_arithmetic_score,
+)
 
 REQUIRED_PARAMS = ("data_source", "solution_str", "ground_truth", "extra_info")
 
@@ -32,6 +39,7 @@ _BY_SOURCE: dict[str, Callable] = {
     "arithmetic": arithmetic_score,
     "exact_match": exact_match,
     "countdown": countdown_score,
+    "tool_arithmetic": tool_arithmetic_score,
     "openai/gsm8k": gsm8k_score,
     "gsm8k": gsm8k_score,
     "math": math_score,

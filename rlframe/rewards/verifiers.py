@@ -5,6 +5,8 @@
 - `gsm8k_score`: GSM8K-style final answers ("#### 42", or the last number in flexible mode).
 - `math_score`: competition-math answers compared symbolically with the `math-verify` package
   (LaTeX/sympy parsing and equivalence are its job, not ours).
+- `tool_arithmetic_score`: the number in the last `<answer>...</answer>` of a response that may hold
+  tool calls (`rlframe/data/tool_task.py`); numbers inside calls never count.
 - `countdown_score`: an arithmetic expression that uses the given numbers at most once each and
   evaluates to the target, checked with `rlframe.rewards.safe_eval` (no `eval`).
 """
@@ -125,3 +127,22 @@ def countdown_score(solution_str: str, ground_truth, *, format_score: float = 0.
             return format_score
         pool.remove(n)
     return 1.0 if abs(value - target) < 1e-9 else format_score
+
+
+def extract_tagged_answer(solution_str: str) -> str | None:
+    """The stripped text of the last `<answer>...</answer>` of a response, or None."""
+    found = re.findall(r"<answer>(.*?)</answer>", solution_str, flags=re.S)
+    return found[-1].strip() if found else None
+
+
+def tool_arithmetic_score(solution_str: str, ground_truth: str) -> float:
+    """1.0 if the last `<answer>` of the response holds the ground truth's number, else 0.
+
+    The response is the policy's text of a multi-turn rollout, tool calls included (tool results are
+    not in it): `<tool_call>{"name": "calculator", ...}</tool_call>` then `<answer>17954</answer>`.
+    Only the tagged answer counts, so the numbers of a call (or a call without an answer) score 0.
+    """
+    answer = extract_tagged_answer(solution_str)
+    if answer is None or not re.fullmatch(_NUMBER, answer):
+        return 0.0
+    return float(_normalize_number(answer) == _normalize_number(str(ground_truth)))
