@@ -23,8 +23,12 @@ Limits, per call: wall-clock `timeout_s` (the worker, and the process group it l
 new worker started right away, so it boots while the caller goes on; the next call waits until it is
 ready); and `memory_mb` of address space the call may add to the worker (RLIMIT_AS, set before the
 call and restored after; on Linux), so an allocation past it raises MemoryError inside the tool.
+It limits address space, not resident memory: a tool that starts threads needs room for their stacks
+and malloc arenas (tens of MB each).
 These bound what a policy's arguments can make a tool do; the tool code itself is the run's own and
-trusted. `counts` tallies the statuses of all calls for metrics; `close()` stops the worker.
+trusted. Like every spawned process, the worker imports the calling program's main module again
+(multiprocessing's rule) before loading the tools; it does so once, and again only after a kill.
+`counts` tallies the statuses of all calls for metrics; `close()` stops the worker.
 """
 
 from __future__ import annotations
@@ -210,7 +214,7 @@ class ToolRunner:
             if self._closed:
                 raise RuntimeError("ToolRunner.run() after close()")
             results = [self._run_one(c) for c in calls]
-        self.counts.update(r.status for r in results)
+            self.counts.update(r.status for r in results)
         return results
 
     def close(self) -> None:
