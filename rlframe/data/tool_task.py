@@ -17,9 +17,10 @@ Rows follow the verl layout of `rlframe.data.synthetic` (`prompt` = system + use
 `data_source` = "tool_arithmetic", `reward_model.ground_truth` = the product as a string,
 `extra_info` = split, index, operands, expression); the dataset applies the tokenizer's chat template
 with the generation prompt. Train and test problems are disjoint (drawn without replacement from one
-seeded stream). `sft_conversations` gives the pre-training transcripts: a fraction `direct_frac`
-answers without the tool (and is mostly wrong for the model), so the pre-trained policy calls the
-tool only sometimes and RL has a behaviour to reinforce.
+seeded stream). `sft_conversations` gives the pre-training transcripts, some of which answer without
+the tool (answers the model mostly gets wrong): 80% of those whose a is in the lower half of its
+range (a < 55), 20% of the others. The pre-trained policy then calls the tool for some prompts and
+not for others (greedy), samples both behaviours for every prompt, and RL has a choice to reinforce.
 
 Command: `python -m rlframe.data.tool_task --out DIR` writes DIR/train.parquet and DIR/test.parquet.
 """
@@ -49,21 +50,23 @@ SYSTEM = "Answer with <answer>number</answer>."
 
 @dataclass(frozen=True)
 class ToolArithmeticSpec:
-    """Products a*b with `a_digits`-digit a and `b_digits`-digit b; `direct_frac` of the pre-training
-    transcripts answer without the tool. `version` names the tokenizer and transcript recipe (part
-    of the pre-training cache key)."""
+    """Products a*b with `a_digits`-digit a and `b_digits`-digit b. A pre-training transcript answers
+    without the tool with probability `direct_low` when a is in the lower half of its range, else
+    `direct_high`. `version` names the tokenizer and transcript recipe (part of the pre-training
+    cache key)."""
 
     a_digits: int = 2
     b_digits: int = 3
-    direct_frac: float = 0.5
+    direct_low: float = 0.8
+    direct_high: float = 0.2
     version: int = 1
 
 
 def _check(spec: ToolArithmeticSpec) -> None:
     if not (1 <= spec.a_digits <= 6 and 1 <= spec.b_digits <= 6):
         raise ValueError(f"tool_arithmetic digits must be 1..6 (got a_digits={spec.a_digits}, b_digits={spec.b_digits})")
-    if not 0.0 <= spec.direct_frac <= 1.0:
-        raise ValueError(f"tool_arithmetic direct_frac must be in [0, 1] (got {spec.direct_frac})")
+    if not (0.0 <= spec.direct_low <= 1.0 and 0.0 <= spec.direct_high <= 1.0):
+        raise ValueError(f"tool_arithmetic direct_low/direct_high must be in [0, 1] (got {spec.direct_low}, {spec.direct_high})")
 
 
 def problems(n: int, *, spec: ToolArithmeticSpec, seed: int) -> list[tuple[int, int]]:
@@ -143,8 +146,14 @@ def conversation(a: int, b: int, *, use_tool: bool) -> list[dict]:
 def sft_conversations(rows: list[dict], *, spec: ToolArithmeticSpec, seed: int) -> list[list[dict]]:
     """Pre-training transcripts of `rows`; which ones answer directly is drawn from `seed`."""
     rng = random.Random(seed + 1)
-    return [conversation(r["extra_info"]["a"], r["extra_info"]["b"], use_tool=rng.random() >= spec.direct_frac)
-            for r in rows]
+    lo, hi = (10 ** (spec.a_digits - 1) if spec.a_digits > 1 else 0), 10**spec.a_digits - 1
+    middle = (lo + hi + 1) / 2
+    out = []
+    for r in rows:
+        a, b = r["extra_info"]["a"], r["extra_info"]["b"]
+        p_direct = spec.direct_low if a < middle else spec.direct_high
+        out.append(conversation(a, b, use_tool=rng.random() >= p_direct))
+    return out
 
 
 def tokenizer_corpus(*, num: int = 2000, seed: int = 1234) -> list[str]:

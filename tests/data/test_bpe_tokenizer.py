@@ -94,8 +94,9 @@ def _build_in_child(out: Path, hash_seed: str) -> None:
 
 
 def test_building_is_deterministic(tmp_path):
+    # Another interpreter (other hash seeds, its own Rust hash maps) writes the same bytes.
     _build_in_child(tmp_path / "a", "1")
-    _build_in_child(tmp_path / "b", "2")
+    save_bpe_tokenizer(tmp_path / "b")
     save_bpe_tokenizer(tmp_path / "c")
     digests = [{f.name: hashlib.sha256(f.read_bytes()).hexdigest() for f in sorted(d.iterdir())}
                for d in (tmp_path / "a", tmp_path / "b", tmp_path / "c")]

@@ -21,6 +21,8 @@ def test_calculator_and_transcripts():
     assert calculator("__import__('os')").startswith("error:")
     assert [m["role"] for m in conversation(1, 2, use_tool=True)] == ["system", "user", "assistant", "tool", "assistant"]
     assert [m["role"] for m in conversation(1, 2, use_tool=False)] == ["system", "user", "assistant"]
-    convs = sft_conversations(tool_rows(num_train=400, num_test=0, seed=0)["train"], spec=ToolArithmeticSpec(), seed=0)
-    with_tool = sum(len(c) == 5 for c in convs) / len(convs)
-    assert 0.35 < with_tool < 0.65  # direct_frac 0.5
+    rows = tool_rows(num_train=600, num_test=0, seed=0)["train"]
+    convs = sft_conversations(rows, spec=ToolArithmeticSpec(), seed=0)
+    low = [len(c) == 5 for r, c in zip(rows, convs) if r["extra_info"]["a"] < 55]
+    high = [len(c) == 5 for r, c in zip(rows, convs) if r["extra_info"]["a"] >= 55]
+    assert 0.1 < sum(low) / len(low) < 0.3 and 0.7 < sum(high) / len(high) < 0.9  # direct_low 0.8, direct_high 0.2
