@@ -124,11 +124,12 @@ RANGES: dict[str, Rule] = {
 def _choices() -> dict[str, tuple]:
     from rlframe.controller.trainers.tracking import SINKS
     from rlframe.data.synthetic import TASKS
+    from rlframe.data.tool_task import DATA_SOURCE as TOOL_TASK
     from rlframe.data.tiny_model import PRESETS
 
     roles = {f"{r}.{k}": v for r in ("actor", "critic") for k, v in
              (("strategy", ("fsdp", "megatron")), ("lr_schedule", LR_SCHEDULES))}
-    return {"model.tiny_preset": tuple(sorted(PRESETS)), "data.task": (None, *TASKS), **roles,
+    return {"model.tiny_preset": tuple(sorted(PRESETS)), "data.task": (None, *TASKS, TOOL_TASK), **roles,
             "rollout.backend": ("auto", "vllm", "hf"), "reward.ensemble": ("mean", "min"),
             "resources.placement": ("colocated", "split"), "trainer.loggers": SINKS,
             "algorithm.off_policy_correction": ("none", "behaviour", "tis")}

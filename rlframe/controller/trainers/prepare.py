@@ -52,18 +52,23 @@ def task_files(cfg: RunConfig) -> tuple[list[str], list[str]]:
 
 
 def synthetic_rows(cfg: RunConfig) -> dict[str, list[dict]]:
-    """The task's splits. Arithmetic uses the pre-training's own spec, seed and split sizes, so the
-    RL prompts are the ones the tiny model was pre-trained on and the test split stays held out."""
-    from rlframe.data.pretrain import TASKS, SFTConfig
+    """The task's splits. Arithmetic and tool_arithmetic use the pre-training's own spec, seed and
+    split sizes, so the RL prompts are the ones the tiny model was pre-trained on and the test split
+    stays held out."""
+    from rlframe.data.pretrain import DEFAULT_SFT, TASKS, SFTConfig
     from rlframe.data.synthetic import arithmetic_rows, countdown_rows
+    from rlframe.data.tool_task import DATA_SOURCE as TOOL_TASK, tool_rows
 
+    if cfg.data.task == TOOL_TASK:  # products to compute with the calculator tool (agent.enabled)
+        sft = DEFAULT_SFT[TOOL_TASK]
+        return tool_rows(num_train=sft.num_train, num_test=sft.num_test, spec=TASKS[TOOL_TASK], seed=cfg.data.seed)
     if cfg.data.task in TASKS:
         sft = SFTConfig()
         return arithmetic_rows(num_train=sft.num_train, num_test=sft.num_test, spec=TASKS[cfg.data.task],
                                seed=cfg.data.seed)
     if cfg.data.task == "countdown":
         return countdown_rows(num_train=cfg.data.train_size, num_test=cfg.data.val_size, seed=cfg.data.seed)
-    raise ValueError(f"data.task={cfg.data.task!r} is not a synthetic task; use arithmetic or countdown, "
+    raise ValueError(f"data.task={cfg.data.task!r} is not a synthetic task; use arithmetic, countdown or {TOOL_TASK}, "
                      "or set data.task=null and give data.train_files")
 
 
