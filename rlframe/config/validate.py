@@ -160,25 +160,24 @@ def _check_kl_and_sampling(cfg: RunConfig, out: list[str]) -> None:
         out.append(f"algorithm.overlong_buffer_len={alg.overlong_buffer_len} must be at most "
                    f"data.response_length={data.response_length} (the penalty ramps over the last "
                    "overlong_buffer_len tokens of the budget); lower it, or 0 to turn shaping off")
-    k = cfg.trainer.max_staleness
+    k, b = cfg.trainer.max_staleness, cfg.rollout.partial_budget
+
+    def blocking(*extra: tuple[str, bool]) -> list[str]:
+        """The settings on that make generation other than one batch of whole responses per step."""
+        return [what for what, on in (*extra, ("algorithm.name=remax", alg.adv_estimator == "remax"),
+                                      ("algorithm.dynamic_sampling=true", alg.dynamic_sampling),
+                                      (f"algorithm.name={alg.name}", alg.name == "sft")) if on]
+
     if k > 0:
         if cfg.resources.placement != "split":
             out.append(f"trainer.max_staleness={k} overlaps generation with training, which needs the rollout in "
                        "its own processes: set resources.placement=split (or max_staleness=0)")
-        blocked = [what for what, on in (("algorithm.name=remax", alg.adv_estimator == "remax"),
-                                         ("algorithm.dynamic_sampling=true", alg.dynamic_sampling),
-                                         (f"algorithm.name={alg.name}", alg.name == "sft"))
-                   if on]
+        blocked = blocking()
         if blocked:
             out.append(f"trainer.max_staleness={k} is not available with {', '.join(blocked)} (their generation is "
                        "not one batch per step); use max_staleness=0")
-    b = cfg.rollout.partial_budget
     if b > 0:
-        blocked = [what for what, on in (("trainer.max_staleness > 0", k > 0),
-                                         ("algorithm.name=remax", alg.adv_estimator == "remax"),
-                                         ("algorithm.dynamic_sampling=true", alg.dynamic_sampling),
-                                         (f"algorithm.name={alg.name}", alg.name == "sft"))
-                   if on]
+        blocked = blocking(("trainer.max_staleness > 0", k > 0))
         if blocked:
             out.append(f"rollout.partial_budget={b} is not available with {', '.join(blocked)} (partial rollouts "
                        "carry unfinished responses from one step's generation to the next, which those "
@@ -187,11 +186,7 @@ def _check_kl_and_sampling(cfg: RunConfig, out: list[str]) -> None:
             out.append(f"rollout.partial_budget={b} is at least data.response_length={data.response_length}, so no "
                        "response is ever cut; lower it to cut long responses, or 0 to turn partial rollouts off")
     if cfg.agent.enabled:
-        blocked = [what for what, on in (("rollout.partial_budget > 0", b > 0), ("trainer.max_staleness > 0", k > 0),
-                                         ("algorithm.name=remax", alg.adv_estimator == "remax"),
-                                         ("algorithm.dynamic_sampling=true", alg.dynamic_sampling),
-                                         (f"algorithm.name={alg.name}", alg.name == "sft"))
-                   if on]
+        blocked = blocking(("rollout.partial_budget > 0", b > 0), ("trainer.max_staleness > 0", k > 0))
         if blocked:
             out.append(f"agent.enabled=true (multi-turn rollouts with tools) is not available with {', '.join(blocked)}; "
                        "turn those off or set agent.enabled=false")

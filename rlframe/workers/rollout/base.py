@@ -101,6 +101,20 @@ class RolloutEngine(ABC):
             "lora_rank=0 and sync merged weights (W + scaling * B @ A) with weight_update()")
         yield  # pragma: no cover
 
+    def _adapter_spec(self, config):
+        """The AdapterSpec of `config` with this engine's defaults, checked against what it was built for."""
+        from rlframe.workers.rollout.lora import adapter_spec
+
+        if self.config.lora_rank <= 0:
+            raise ValueError(f"this {self.backend} rollout engine was built without LoRA (rollout.lora_rank=0): set "
+                             "rollout.lora_rank to the adapter's rank, or sync merged weights with weight_update()")
+        spec = adapter_spec(config, default_rank=self.config.lora_rank, default_alpha=self.config.lora_alpha,
+                            default_targets=self.config.lora_target_modules)
+        if spec.rank > self.config.lora_rank:
+            raise ValueError(f"adapter rank {spec.rank} > rollout.lora_rank={self.config.lora_rank} the engine was "
+                             "built for; raise rollout.lora_rank")
+        return spec
+
     def update_lora(self, adapter: Mapping[str, torch.Tensor] | Iterable, config: Mapping | None = None
                     ) -> WeightSyncStats:
         """Load a new adapter version from a {factor name: tensor} dict, (name, tensor) pairs or buckets."""

@@ -29,7 +29,7 @@ import torch
 from rlframe.workers.rollout.base import Consumer, RolloutEngine
 from rlframe.workers.rollout.batch import assemble_batch, read_prompts, to_data_proto
 from rlframe.workers.rollout.config import RolloutConfig, SamplingConfig
-from rlframe.workers.rollout.lora import adapter_spec, lora_param_shapes
+from rlframe.workers.rollout.lora import lora_param_shapes
 from rlframe.workers.rollout.weight_sync import ShardAssembler, WeightSyncStats, timed
 
 _DTYPES = {"float32": torch.float32, "float": torch.float32, "bfloat16": torch.bfloat16,
@@ -156,18 +156,10 @@ class HFRolloutEngine(RolloutEngine):
         return self._lora_version
 
     def _adapter_spec(self, config):
-        if self.config.lora_rank <= 0:
-            raise ValueError("this rollout engine was built without LoRA (rollout.lora_rank=0): set rollout.lora_rank "
-                             "to the adapter's rank, or sync merged weights with weight_update()")
-        if self._shared_model:
+        if self.config.lora_rank > 0 and self._shared_model:
             raise ValueError("the hf rollout engine shares the trainer's module (model=...): its adapter is the "
                              "trainer's; build the engine from model_path to serve adapters sent by lora_update()")
-        spec = adapter_spec(config, default_rank=self.config.lora_rank, default_alpha=self.config.lora_alpha,
-                            default_targets=self.config.lora_target_modules)
-        if spec.rank > self.config.lora_rank:
-            raise ValueError(f"adapter rank {spec.rank} > rollout.lora_rank={self.config.lora_rank} the engine was "
-                             "built for; raise rollout.lora_rank")
-        return spec
+        return super()._adapter_spec(config)
 
     def lora_shapes(self, config=None) -> dict[str, tuple[int, int]]:
         """{adapter factor name: shape} of an adapter with `config` (rollout/lora.py)."""

@@ -62,7 +62,7 @@ import torch
 from rlframe.workers.rollout.base import Consumer, RolloutEngine
 from rlframe.workers.rollout.batch import assemble_batch, read_prompts, to_data_proto, unpad_prompts
 from rlframe.workers.rollout.config import RolloutConfig, SamplingConfig
-from rlframe.workers.rollout.lora import PEFT_PREFIX, AdapterSpec, adapter_spec, lora_param_shapes, vllm_max_lora_rank
+from rlframe.workers.rollout.lora import PEFT_PREFIX, AdapterSpec, lora_param_shapes, vllm_max_lora_rank
 from rlframe.workers.rollout.weight_sync import (
     ShardAssembler,
     WeightSyncStats,
@@ -340,17 +340,6 @@ class VLLMRolloutEngine(RolloutEngine):
     def lora_version(self) -> int:
         """lora_int_id of the adapter `generate` uses (0: the base model, no adapter loaded yet)."""
         return self._lora_version
-
-    def _adapter_spec(self, config) -> AdapterSpec:
-        if self.config.lora_rank <= 0:
-            raise ValueError("this vLLM engine was built without LoRA (rollout.lora_rank=0): set rollout.lora_rank "
-                             "to the adapter's rank, or sync merged weights with weight_update()")
-        spec = adapter_spec(config, default_rank=self.config.lora_rank, default_alpha=self.config.lora_alpha,
-                            default_targets=self.config.lora_target_modules)
-        if spec.rank > self.config.lora_rank:
-            raise ValueError(f"adapter rank {spec.rank} > rollout.lora_rank={self.config.lora_rank} the engine was "
-                             "built for; raise rollout.lora_rank")
-        return spec
 
     def lora_shapes(self, config=None) -> dict[str, tuple[int, int]]:
         """{adapter factor name: global shape} of an adapter with `config` (rollout/lora.py)."""
