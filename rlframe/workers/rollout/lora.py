@@ -42,11 +42,10 @@ from typing import Iterator, Mapping
 import torch
 
 from rlframe.resharding.box import Box
+# The projections adapters may target and how tensor parallelism splits them are the training
+# engine's (a sync moves its shards into vLLM's slices of the same split); PEFT's name prefix too.
+from rlframe.workers.engines.lora import COLUMN_PARALLEL, PEFT_PREFIX, ROW_PARALLEL, SUPPORTED_TARGETS
 
-COLUMN_PARALLEL = ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj")
-ROW_PARALLEL = ("o_proj", "down_proj")
-SUPPORTED_TARGETS = COLUMN_PARALLEL + ROW_PARALLEL
-PEFT_PREFIX = "base_model.model."
 # vLLM's allowed `max_lora_rank` values (vllm.config.lora.MaxLoRARanks).
 VLLM_MAX_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 
