@@ -1,123 +1,82 @@
-"""Greedy multi-turn evaluation of a chat model on the tool task, with transformers and a local tool loop.
+"""Greedy evaluation of a chat model on the tool task, on the RL trainer's own agent loop.
 
-Used to document the pre-trained agent preset (docs/tiny_model.md) and by its tests. Per prompt:
+Used to document the pre-trained agent preset (docs/tiny_model.md) and by its tests. The prompts
+run through `rlframe.controller.trainers.agent_loop.AgentLoop` with a transformers rollout engine
+(`HFRolloutEngine`, greedy) and the built-in tools (`load_tools(None)`: the calculator) in the
+sandboxed `ToolRunner`, exactly as an RL rollout with `agent.enabled` runs them:
 
-    generate greedily until <|im_end|> (or `max_new_tokens` for the turn)
-    if the turn holds a <tool_call> and tools are on and turns are left:
-        run the calculator on its expression, append the tool turn (`chat_format.tool_turn_text`)
-        and generate the next assistant turn
+    generate greedily until <|im_end|> (or the tokens left)
+    if the turn holds a <tool_call> and turns are left: run the calls, append the tool turn
+        (`agent_loop.tool_turn_text`) and generate the next assistant turn
     else: stop
 
-The score is the verifier's on the policy's own text (its turns, decoded without special tokens,
-tool turns left out), as the RL trainer scores a rollout. With `use_tools=False` a turn with a call
-ends the episode: the model gets no result and its text holds no answer. Prompts are grouped by
-token length so that no padding is needed (positions as in training and in vLLM).
+The score is the verifier's (`tool_arithmetic_score`) on the policy's own text: its tokens
+(response_mask), decoded without special tokens, tool turns left out, as the RL trainer scores a
+rollout. `use_tools=False` runs the loop with `max_turns=1`: a turn with a call ends the trajectory,
+the model gets no result and its text holds no answer.
+
+Token budget: the loop bounds a trajectory's total tokens (`response_length`: every assistant turn
+and the tool turns between them), not each turn. The default is `max_turns * max_new_tokens` plus,
+between turns, `max_turns - 1` tool turns carrying a 5-digit result (the task's largest product;
+18 tokens each with the agent preset's tokenizer): 3 * 48 + 2 * 18 = 180 with tools, 48 without.
+A single turn may therefore run past `max_new_tokens` when the others are short.
 """
 
 from __future__ import annotations
 
-import json
-import re
-from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-_CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.S)
-
-
-def parse_calls(text: str) -> list[tuple[str, dict]]:
-    """(name, arguments) of each well-formed call in `text`; malformed JSON is skipped."""
-    out = []
-    for body in _CALL.findall(text):
-        try:
-            call = json.loads(body)
-        except json.JSONDecodeError:
-            continue
-        if isinstance(call, dict) and isinstance(call.get("name"), str) and isinstance(call.get("arguments"), dict):
-            out.append((call["name"], call["arguments"]))
-    return out
-
-
-def run_tool(name: str, arguments: dict) -> str:
-    from rlframe.data.tool_task import calculator
-
-    if name != "calculator" or "expression" not in arguments:
-        return f"error: unknown tool {name!r} or missing 'expression'"
-    return calculator(arguments["expression"])
-
-
-@dataclass
-class Episode:
-    prompt: list[int]
-    tokens: list[int] = field(default_factory=list)
-    policy: list[int] = field(default_factory=list)  # the policy's own tokens (tool turns left out)
-    calls: int = 0
-    turns: int = 0
-    turn_start: int = 0  # index in `tokens` where the latest assistant turn starts
-    done: bool = False
+_RESULT_PLACEHOLDER = "99999"  # a tool result as wide as the task's largest product (99 * 999 = 98901)
 
 
 @dataclass(frozen=True)
 class AgentEvalResult:
     n: int
     accuracy: float  # verifier score 1
-    tool_call_rate: float  # episodes with at least one call
-    accuracy_with_call: float  # among episodes with a call
-    accuracy_direct: float  # among episodes without a call
-    answered_rate: float  # episodes whose text holds an <answer>
+    tool_call_rate: float  # trajectories whose text holds a call
+    accuracy_with_call: float  # among trajectories with a call
+    accuracy_direct: float  # among trajectories without a call
+    answered_rate: float  # trajectories whose text holds an <answer>
 
 
-def _greedy_turn(model, tokenizer, episodes: list[Episode], max_new_tokens: int) -> None:
-    import torch
+def default_response_length(tokenizer, *, max_turns: int, max_new_tokens: int) -> int:
+    """The total token budget of a trajectory: `max_turns` turns of `max_new_tokens` and the
+    `max_turns - 1` tool turns between them (module docstring)."""
+    from rlframe.controller.trainers.agent_loop import tool_turn_text
 
-    groups: dict[int, list[Episode]] = defaultdict(list)
-    for e in episodes:
-        groups[len(e.prompt) + len(e.tokens)].append(e)
-    for length, members in sorted(groups.items()):
-        ids = torch.tensor([e.prompt + e.tokens for e in members])
-        out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
-                             do_sample=False, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
-        for e, row in zip(members, out[:, length:].tolist()):
-            if tokenizer.eos_token_id in row:
-                row = row[: row.index(tokenizer.eos_token_id) + 1]
-            e.tokens += row
-            e.policy += row
-            e.turns += 1
+    tool_turn = len(tokenizer.encode(tool_turn_text(tokenizer, [_RESULT_PLACEHOLDER]), add_special_tokens=False))
+    return max_turns * max_new_tokens + (max_turns - 1) * tool_turn
 
 
-def run_episodes(model, tokenizer, prompts: list[list[int]], *, use_tools: bool = True, max_turns: int = 3,
-                 max_new_tokens: int = 48) -> list[Episode]:
-    """Greedy episodes of `prompts` (token ids ending with the generation prompt)."""
-    import torch
-
-    from rlframe.data.chat_format import tool_turn_text
-
-    episodes = [Episode(prompt=list(p)) for p in prompts]
-    with torch.no_grad():
-        while active := [e for e in episodes if not e.done]:
-            _greedy_turn(model, tokenizer, active, max_new_tokens)
-            for e in active:
-                turn = e.tokens[e.turn_start:]
-                calls = parse_calls(tokenizer.decode(turn, skip_special_tokens=False))
-                ended = bool(turn) and turn[-1] == tokenizer.eos_token_id
-                if not (use_tools and calls and ended and e.turns < max_turns):
-                    e.done = True
-                    continue
-                e.calls += len(calls)
-                e.tokens += tokenizer.encode(tool_turn_text([run_tool(*c) for c in calls]), add_special_tokens=False)
-                e.turn_start = len(e.tokens)
-    return episodes
-
-
-def evaluate_agent(model, tokenizer, rows: list[dict], **kwargs) -> AgentEvalResult:
-    """Greedy accuracy of `model` on tool-task rows (`rlframe.data.tool_task.tool_rows`)."""
+def evaluate_agent(engine, rows: list[dict], *, use_tools: bool = True, max_turns: int = 3, max_new_tokens: int = 48,
+                   response_length: int | None = None) -> AgentEvalResult:
+    """Greedy accuracy of the rollout engine's model (an `HFRolloutEngine`) on tool-task rows
+    (`rlframe.data.tool_task.tool_rows`). `response_length` is the total token budget of a
+    trajectory; None: `default_response_length` (module docstring)."""
+    from rlframe.agents.sandbox import ToolRunner
+    from rlframe.agents.tools import load_tools
+    from rlframe.controller.trainers.agent_loop import AgentLoop
+    from rlframe.controller.trainers.phases import decode_responses
+    from rlframe.protocol import DataProto
     from rlframe.rewards.verifiers import extract_tagged_answer, tool_arithmetic_score
+    from rlframe.workers.rollout import SamplingConfig
+    from rlframe.workers.rollout.batch import prompts_from_rows
 
-    prompts = [tokenizer.encode(tokenizer.apply_chat_template(r["prompt"], add_generation_prompt=True, tokenize=False),
-                                add_special_tokens=False) for r in rows]
-    episodes = run_episodes(model, tokenizer, prompts, **kwargs)
-    texts = [tokenizer.decode(e.policy, skip_special_tokens=True) for e in episodes]
+    tok = engine.tokenizer
+    turns = max_turns if use_tools else 1
+    if response_length is None:
+        response_length = default_response_length(tok, max_turns=turns, max_new_tokens=max_new_tokens)
+    prompts = [tok.encode(tok.apply_chat_template(r["prompt"], add_generation_prompt=True, tokenize=False),
+                          add_special_tokens=False) for r in rows]
+    pad_id = tok.pad_token_id if tok.pad_token_id is not None else 0
+    batch = DataProto.from_dict(tensors=prompts_from_rows(prompts, pad_id=pad_id))
+    sampling = SamplingConfig(n=1, temperature=0.0, max_new_tokens=response_length)
+    with ToolRunner(load_tools(None)) as runner:
+        loop = AgentLoop(tok, runner, max_turns=turns, response_length=response_length)
+        out, _ = loop.run(batch, sampling, lambda gen_in, s: (engine.generate(gen_in, s), {}))
+    texts = decode_responses(tok, out)
     scores = [tool_arithmetic_score(t, r["reward_model"]["ground_truth"]) for t, r in zip(texts, rows)]
-    called = [e.calls > 0 or "<tool_call>" in t for e, t in zip(episodes, texts)]
+    called = ["<tool_call>" in t for t in texts]
 
     def mean(xs: list[float]) -> float:
         return sum(xs) / len(xs) if xs else 0.0
@@ -133,10 +92,9 @@ def evaluate_agent(model, tokenizer, rows: list[dict], **kwargs) -> AgentEvalRes
 
 
 def evaluate_agent_dir(model_dir, rows: list[dict], **kwargs) -> AgentEvalResult:
-    """Load an HF model directory in fp32 and run `evaluate_agent`."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    """Load an HF model directory in fp32 into an `HFRolloutEngine` and run `evaluate_agent`."""
+    from rlframe.workers.rollout.config import RolloutConfig
+    from rlframe.workers.rollout.hf_engine import HFRolloutEngine
 
-    tok = AutoTokenizer.from_pretrained(str(model_dir))
-    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
-    return evaluate_agent(model, tok, rows, **kwargs)
+    engine = HFRolloutEngine(str(model_dir), config=RolloutConfig(backend="hf", dtype="float32"))
+    return evaluate_agent(engine, rows, **kwargs)

@@ -18,7 +18,8 @@ a user turn (consecutive tool messages share one user turn):
 
 `add_generation_prompt=True` ends the text with `<|im_start|>assistant\\n`. The template only
 appends: rendering a conversation and then one more message extends the earlier text, which the
-agent loop relies on to cut out the tool turn's tokens. An assistant message may carry its calls in
+agent loop relies on to cut out the tool turn's tokens
+(`rlframe.controller.trainers.agent_loop.tool_turn_text`). An assistant message may carry its calls in
 its content (raw text, as a policy generates it) or in `tool_calls` (OpenAI style, `{"name",
 "arguments"}` or `{"function": {...}}`); both render the same text.
 """
@@ -97,10 +98,3 @@ def format_tool_call(name: str, arguments: dict) -> str:
     """The text of one tool call as the assistant writes it (the content of its turn)."""
     body = json.dumps({"name": name, "arguments": arguments}, ensure_ascii=False)
     return f"{TOOL_CALL_START}\n{body}\n{TOOL_CALL_END}"
-
-
-def tool_turn_text(results: list[str]) -> str:
-    """The text after an assistant turn's `<|im_end|>` that carries `results` as tool messages and
-    opens the next assistant turn (what the chat template puts between the two turns)."""
-    body = "".join(f"\n{TOOL_RESPONSE_START}\n{r}\n{TOOL_RESPONSE_END}" for r in results)
-    return f"\n{IM_START}user{body}{IM_END}\n{IM_START}assistant\n"

@@ -1,9 +1,8 @@
 import json
 
 import pytest
-import torch
 
-from rlframe.data.agent_eval import evaluate_agent, parse_calls, run_tool
+from rlframe.data.agent_eval import default_response_length, evaluate_agent
 from rlframe.data.pretrain import DEFAULT_SFT, SFTConfig, build_pretrained_model, chat_sft_examples, encode_chat_batch
 from rlframe.data.tiny_model import PRESETS, count_parameters
 
@@ -25,19 +24,24 @@ def test_chat_batch_trains_only_the_assistant_turns():
 
 
 def test_agent_preset_builds_loads_and_runs_the_tool_loop(tmp_path):
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from rlframe.workers.rollout.config import RolloutConfig
+    from rlframe.workers.rollout.hf_engine import HFRolloutEngine
 
     path = build_pretrained_model(preset="agent", task="tool_arithmetic", seed=0, cfg=TINY, cache_dir=tmp_path)
     info = json.loads((path / "rlframe_pretrain.json").read_text())
     assert info["preset"] == "agent" and info["task"] == "tool_arithmetic"
     assert build_pretrained_model(preset="agent", task="tool_arithmetic", seed=0, cfg=TINY, cache_dir=tmp_path) == path
-    tok = AutoTokenizer.from_pretrained(str(path))
-    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32).eval()
+    engine = HFRolloutEngine(str(path), config=RolloutConfig(backend="hf", dtype="float32"))
+    tok, model = engine.tokenizer, engine.model
     assert sum(p.numel() for p in model.parameters()) == count_parameters("agent")
     assert model.config.eos_token_id == tok.eos_token_id == tok.convert_tokens_to_ids("<|im_end|>")
+    # The default budget: 3 turns of 48 tokens and 2 tool turns of a 5-digit result (18 tokens each).
+    assert default_response_length(tok, max_turns=3, max_new_tokens=48) == 3 * 48 + 2 * 18
+    assert default_response_length(tok, max_turns=1, max_new_tokens=48) == 48
     _, test = chat_sft_examples("tool_arithmetic", seed=0, cfg=TINY)
-    res = evaluate_agent(model, tok, test, max_new_tokens=8)
-    assert res.n == len(test) and 0.0 <= res.accuracy <= 1.0
+    for use_tools in (True, False):
+        res = evaluate_agent(engine, test, use_tools=use_tools, max_new_tokens=8)
+        assert res.n == len(test) and 0.0 <= res.accuracy <= 1.0 and 0.0 <= res.tool_call_rate <= 1.0
 
 
 def test_task_and_preset_must_fit(tmp_path):
@@ -46,10 +50,3 @@ def test_task_and_preset_must_fit(tmp_path):
     with pytest.raises(ValueError, match="do not fit"):
         build_pretrained_model(preset="test", task="tool_arithmetic", cfg=TINY, cache_dir=tmp_path)
     assert PRESETS["agent"].tokenizer == "bpe" and "tool_arithmetic" in DEFAULT_SFT
-
-
-def test_tool_calls_are_parsed_and_run():
-    text = '<tool_call>\n{"name": "calculator", "arguments": {"expression": "47*382"}}\n</tool_call><tool_call>{bad</tool_call>'
-    assert parse_calls(text) == [("calculator", {"expression": "47*382"})]
-    assert run_tool("calculator", {"expression": "47*382"}) == "17954"
-    assert run_tool("search", {}).startswith("error:")

@@ -9,7 +9,8 @@ import pytest
 from transformers import AutoTokenizer
 
 from rlframe.data.bpe_tokenizer import build_bpe_tokenizer, save_bpe_tokenizer
-from rlframe.data.chat_format import ADDED_TOKENS, format_tool_call, tool_system_prompt, tool_turn_text
+from rlframe.controller.trainers.agent_loop import tool_turn_text
+from rlframe.data.chat_format import ADDED_TOKENS, format_tool_call, tool_system_prompt
 from rlframe.data.pretrain import chat_segments
 from rlframe.data.tiny_model import build_random_model
 from rlframe.data.tool_task import CALCULATOR, conversation
@@ -73,8 +74,8 @@ def test_tool_turns_append_and_match_tool_turn_text(tok):
                                     add_generation_prompt=True, tokenize=False)
     assert after.startswith(before)
     cut = before.rindex("<|im_end|>") + len("<|im_end|>")
-    assert before[cut:] + after[len(before):] == tool_turn_text(["3", "4"])
-    assert tool_turn_text(["3"]) == "\n<|im_start|>user\n<tool_response>\n3\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
+    assert before[cut:] + after[len(before):] == tool_turn_text(tok, ["3", "4"])
+    assert tool_turn_text(tok, ["3"]) == "\n<|im_start|>user\n<tool_response>\n3\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
 
 
 def test_sft_segments_join_to_the_template_and_encode_piecewise(tok):
