@@ -26,7 +26,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 
 COMMON = ["--config-name", "grpo_tiny", "model.tiny_preset=agent", "data.task=tool_arithmetic", "data.prompt_length=128",
-          "data.response_length=48", "data.train_batch_size=32", "data.val_size=128", "actor.mini_batch_size=128",
+          "data.response_length=96", "data.train_batch_size=32", "data.val_size=128", "actor.mini_batch_size=128",
           "rollout.kv_cache_bytes=134217728", "trainer.save_every=0", "trainer.export_hf=false", "trainer.plot=false",
           "trainer.resume=off", "trainer.progress_bar=false", "trainer.loggers=[jsonl]"]
 RUNS = {"with tools": ["agent.enabled=true"], "without tools": ["agent.enabled=false"]}

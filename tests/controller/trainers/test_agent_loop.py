@@ -20,7 +20,7 @@ from rlframe.controller.trainers.validation import validation_prompts
 from tests.controller.trainers.test_end_to_end import run
 
 AGENT = ["model.tiny_preset=agent", "data.task=tool_arithmetic", "agent.enabled=true", "data.prompt_length=128",
-         "data.response_length=48", "data.val_size=16"]
+         "data.response_length=96", "data.val_size=16"]
 
 
 class _Trainer:  # what validation_prompts reads of a trainer
