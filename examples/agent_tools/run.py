@@ -89,8 +89,10 @@ def main() -> None:
              "turns per trajectory | generation s/step | step s |", "|---|---|---|---|---|---|---|"]
     for name, rows in results.items():
         s = summary(rows)
-        lines.append(f"| {name} | {100 * s['start']:.1f}% -> {100 * s['end']:.1f}% | {100 * s['call_rate']:.0f}% | "
-                     f"{100 * s['success']:.0f}% | {s['turns']:.2f} | {s['gen_s']:.2f} | {s['step_s']:.2f} |")
+        tools = (f"{100 * s['call_rate']:.0f}% | {100 * s['success']:.0f}% | {s['turns']:.2f}"
+                 if s["call_rate"] == s["call_rate"] else "- | - | 1 (single turn)")  # nan: no agent loop
+        lines.append(f"| {name} | {100 * s['start']:.1f}% -> {100 * s['end']:.1f}% | {tools} | "
+                     f"{s['gen_s']:.2f} | {s['step_s']:.2f} |")
     table = "\n".join(lines)
     print(table)
     if not args.no_write:
