@@ -109,3 +109,22 @@ def max_abs_diff(a: torch.Tensor, b: torch.Tensor, mask: torch.Tensor | None = N
     if mask is not None:
         d = d[mask.bool()]
     return float(d.max()) if d.numel() else 0.0
+
+
+def engine_on_mesh(path, *, dp: int, tp: int, world: int, head: str = "lm", **config):
+    """An fsdp engine at (dp, tp) on a ("rep", "dp", "tp") mesh over `world` ranks, so several
+    layouts run side by side in one spawn (each "rep" slice its own engine)."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from rlframe.workers.engines import TrainEngineConfig, get_train_engine
+
+    mesh = init_device_mesh("cpu", (world // (dp * tp), dp, tp), mesh_dim_names=("rep", "dp", "tp"))
+    return get_train_engine("fsdp")(TrainEngineConfig(model_path=path, head=head, dp=dp, tp=tp, **config),
+                                    device_mesh=mesh["dp", "tp"])
+
+
+def dp_slice(batch, engine):
+    """This rank's dp share of `batch`, and the rows it covers."""
+    dp, d = engine.config.dp, engine.mesh.get_local_rank("dp")
+    n = next(iter(batch.values())).shape[0] // dp
+    return {k: v[d * n : (d + 1) * n] for k, v in batch.items()}, slice(d * n, (d + 1) * n)

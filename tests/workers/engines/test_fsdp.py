@@ -19,8 +19,8 @@ import torch
 
 from rlframe.utils.spawn import run_distributed
 from tests.workers.engines.reference import (
-    build_reference, make_batch, max_abs_diff, policy_loss, reference_outputs, reference_step, sft_loss,
-    value_loss,
+    build_reference, dp_slice, engine_on_mesh, make_batch, max_abs_diff, policy_loss, reference_outputs,
+    reference_step, sft_loss, value_loss,
 )
 
 TOL = 1e-5
@@ -55,20 +55,8 @@ def build_llama(out_dir):
 
 # ---------------------------------------------------------------------------------------------
 # helpers that run inside the spawned ranks
-def _engine(path, *, head, dp, tp, world, **overrides):
-    from torch.distributed.device_mesh import init_device_mesh
-
-    from rlframe.workers.engines import TrainEngineConfig, get_train_engine
-
-    mesh = init_device_mesh("cpu", (world // (dp * tp), dp, tp), mesh_dim_names=("rep", "dp", "tp"))
-    cfg = TrainEngineConfig(model_path=path, head=head, dp=dp, tp=tp, **{**HP, **overrides})
-    return get_train_engine("fsdp")(cfg, device_mesh=mesh["dp", "tp"])
-
-
-def _dp_slice(batch, engine):
-    dp, d = engine.config.dp, engine.mesh.get_local_rank("dp")
-    n = next(iter(batch.values())).shape[0] // dp
-    return {k: v[d * n : (d + 1) * n] for k, v in batch.items()}, slice(d * n, (d + 1) * n)
+def _engine(path, *, dp, tp, world, head="lm", **overrides):
+    return engine_on_mesh(path, dp=dp, tp=tp, world=world, head=head, **{**HP, **overrides})
 
 
 def _state_diff(a: dict, b: dict) -> float:
@@ -94,7 +82,7 @@ def _box_errors(engine, truth: dict) -> float:
 def _check_layout(path, head, dp, tp, world, batch, ref, errors, tag, **overrides):
     engine = _engine(path, head=head, dp=dp, tp=tp, world=world, **overrides)
     errors[f"{tag}/shards"] = _box_errors(engine, ref["init"])
-    mine, rows = _dp_slice(batch, engine)
+    mine, rows = dp_slice(batch, engine)
     mask = mine["response_mask"]
     if head == "lm":
         out = engine.forward_log_probs(mine, with_entropy=True)
@@ -201,7 +189,7 @@ def _train_and_save(rank, world, path, out_dir):
     for head, loss_fn in (("lm", policy_loss), ("value", value_loss)):
         engine = _engine(path, head=head, dp=2, tp=2, world=world, lr_schedule="cosine", warmup_steps=1,
                          total_steps=10, lr=3e-3)
-        mine, rows = _dp_slice(batch, engine)
+        mine, rows = dp_slice(batch, engine)
         kw = {"with_entropy": True} if head == "lm" else {}
         for _ in range(2):
             engine.train_step(loss_fn, mine, **kw)
@@ -228,7 +216,7 @@ def _load_and_continue(rank, world, path, out_dir):
                          total_steps=10, lr=3e-3)
         engine.load_checkpoint(f"{out_dir}/{head}_ckpt")
         initial = {n: p.detach().to_local().clone() for n, p in engine.model.named_parameters()}
-        mine, _ = _dp_slice(batch, engine)
+        mine, _ = dp_slice(batch, engine)
         kw = {"with_entropy": True} if head == "lm" else {}
         first = engine.train_step(loss_fn, mine, **kw)
         losses = [first["loss"]]

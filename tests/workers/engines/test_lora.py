@@ -19,7 +19,9 @@ import pytest
 import torch
 
 from rlframe.utils.spawn import run_distributed
-from tests.workers.engines.reference import make_batch, max_abs_diff, policy_loss, reference_outputs, value_loss
+from tests.workers.engines.reference import (
+    dp_slice, engine_on_mesh, make_batch, max_abs_diff, policy_loss, reference_outputs, value_loss,
+)
 
 TOL = 1e-5
 HP = dict(lr=3e-3, weight_decay=0.1, eps=1e-6, grad_clip=1.0, lora_rank=4, lora_alpha=8.0)
@@ -36,19 +38,7 @@ def model_path(tmp_path_factory):
 
 
 def _engine(path, *, dp, tp, world, head="lm", **overrides):
-    from torch.distributed.device_mesh import init_device_mesh
-
-    from rlframe.workers.engines import TrainEngineConfig, get_train_engine
-
-    mesh = init_device_mesh("cpu", (world // (dp * tp), dp, tp), mesh_dim_names=("rep", "dp", "tp"))
-    cfg = TrainEngineConfig(model_path=path, head=head, dp=dp, tp=tp, **{**HP, **overrides})
-    return get_train_engine("fsdp")(cfg, device_mesh=mesh["dp", "tp"])
-
-
-def _dp_slice(batch, engine):
-    dp, d = engine.config.dp, engine.mesh.get_local_rank("dp")
-    n = next(iter(batch.values())).shape[0] // dp
-    return {k: v[d * n : (d + 1) * n] for k, v in batch.items()}, slice(d * n, (d + 1) * n)
+    return engine_on_mesh(path, dp=dp, tp=tp, world=world, head=head, **{**HP, **overrides})
 
 
 def _split(state: dict):
@@ -67,7 +57,7 @@ def _run_layout(path, dp, tp, world, batch, **overrides):
     """Two LoRA steps; per step: log-probs, loss, grad norm, adapters after it. Plus invariants."""
     engine = _engine(path, dp=dp, tp=tp, world=world, **overrides)
     adapters0, base0 = _split(engine.full_state_dict())
-    mine, rows = _dp_slice(batch, engine)
+    mine, rows = dp_slice(batch, engine)
     steps = []
     for _ in range(2):
         out = engine.forward_log_probs(mine, with_entropy=True)
@@ -132,7 +122,7 @@ def _all(rank, world, path, out_dir):
     for dp, tp in ((2, 1), (1, 2)):
         engine, _, rows = runs[f"dp{dp}tp{tp}"]
         plain = _engine(path, dp=dp, tp=tp, world=world, lora_rank=0)
-        mine, _ = _dp_slice(batch, engine)
+        mine, _ = dp_slice(batch, engine)
         base_lp = plain.forward_log_probs(mine)["log_probs"]
         off = engine.forward_log_probs(mine, disable_adapter=True)["log_probs"]
         on = engine.forward_log_probs(mine)["log_probs"]
@@ -145,7 +135,7 @@ def _all(rank, world, path, out_dir):
     critic = _engine(path, dp=2, tp=1, world=world, head="value")
     _, cbase0 = _split(critic.full_state_dict())
     full0 = critic.full_state_dict()
-    mine, _ = _dp_slice(batch, critic)
+    mine, _ = dp_slice(batch, critic)
     critic.train_step(value_loss, mine)
     critic.train_step(value_loss, mine)
     cad, cbase = _split(critic.full_state_dict())
@@ -154,12 +144,12 @@ def _all(rank, world, path, out_dir):
     facts["critic/adapters_trained"] = all(not torch.equal(cad[k], full0[k]) for k in cad)
     critic.export_hf(f"{out_dir}/critic_export")
     critic_values = critic.forward_values(mine).numpy()
-    critic_rows = _dp_slice(batch, critic)[1]
+    critic_rows = dp_slice(batch, critic)[1]
 
     engine, _, rows = runs["dp1tp2"]
     ckpt = _checkpoint_round_trip(engine, path, world, batch, errors, facts, out_dir)
     engine.export_hf(f"{out_dir}/export")
-    mine, rows = _dp_slice(batch, engine)
+    mine, rows = dp_slice(batch, engine)
     exported = engine.forward_log_probs(mine)["log_probs"].numpy()
     return {"errors": errors, "facts": facts, "exported": exported, "rows": (rows.start, rows.stop), "ckpt": ckpt,
             "critic_values": critic_values, "critic_rows": (critic_rows.start, critic_rows.stop)}
@@ -177,7 +167,7 @@ def _checkpoint_round_trip(engine, path, world, batch, errors, facts, out_dir):
     """Save after two steps, take a third; a fresh engine loads and takes the same third step."""
     import os
 
-    mine, _ = _dp_slice(batch, engine)
+    mine, _ = dp_slice(batch, engine)
     ckpt = f"{out_dir}/ckpt"
     engine.save_checkpoint(ckpt)
     nxt = engine.train_step(policy_loss, mine, with_entropy=True)
