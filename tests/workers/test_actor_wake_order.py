@@ -55,7 +55,7 @@ class NoShards:
 def _actor(engine) -> ActorWorker:
     actor = ActorWorker.__new__(ActorWorker)  # no training engine or process group: only the generate step
     actor.rollout, actor.engine, actor._plan, actor.bucket_bytes = engine, NoShards(), None, 1 << 20
-    actor._weights_stale = True
+    actor._weights_stale, actor.lora = True, False  # full-weight sync (LoRA syncs adapters the same way)
     return actor
 
 
