@@ -185,13 +185,17 @@ def generate(args: argparse.Namespace) -> dict[str, list[dict]]:
     )
 
 
+def write_splits(rows: dict[str, list[dict]], out_dir: str | Path, *, task: str) -> dict[str, Path]:
+    """Write each split to `out_dir/<split>.parquet`, say so, and return the paths."""
+    paths = {split: write_parquet(r, Path(out_dir) / f"{split}.parquet") for split, r in rows.items()}
+    for split, path in paths.items():
+        print(f"{task}: wrote {len(rows[split])} {split} rows to {path}")
+    return paths
+
+
 def main(argv: list[str] | None = None) -> dict[str, Path]:
     args = _parse_args(argv)
-    rows = generate(args)
-    paths = {split: write_parquet(r, Path(args.out) / f"{split}.parquet") for split, r in rows.items()}
-    for split, path in paths.items():
-        print(f"{args.task}: wrote {len(rows[split])} {split} rows to {path}")
-    return paths
+    return write_splits(generate(args), args.out, task=args.task)
 
 
 if __name__ == "__main__":

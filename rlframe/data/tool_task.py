@@ -169,7 +169,7 @@ def tokenizer_corpus(*, num: int = 2000, seed: int = 1234) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> dict[str, Path]:
-    from rlframe.data.synthetic import write_parquet
+    from rlframe.data.synthetic import write_splits
 
     p = argparse.ArgumentParser(prog="python -m rlframe.data.tool_task", description=__doc__.split("\n")[0])
     p.add_argument("--out", required=True, help="directory for train.parquet and test.parquet")
@@ -178,10 +178,7 @@ def main(argv: list[str] | None = None) -> dict[str, Path]:
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
     rows = tool_rows(num_train=args.num_train, num_test=args.num_test, seed=args.seed)
-    paths = {split: write_parquet(r, Path(args.out) / f"{split}.parquet") for split, r in rows.items()}
-    for split, path in paths.items():
-        print(f"{DATA_SOURCE}: wrote {len(rows[split])} {split} rows to {path}")
-    return paths
+    return write_splits(rows, args.out, task=DATA_SOURCE)
 
 
 if __name__ == "__main__":

@@ -33,6 +33,7 @@ from typing import Callable
 import numpy as np
 import torch
 
+from rlframe.controller.trainers.phases import add_generation_metrics
 from rlframe.protocol import DataProto
 from rlframe.workers.rollout import SamplingConfig
 from rlframe.workers.rollout.batch import assemble_batch, prompts_from_rows
@@ -112,8 +113,7 @@ class AgentLoop:
         gen_in = DataProto.from_dict(tensors=prompts_from_rows(rows, pad_id=self.pad_id))
         seed = None if sampling.seed is None else sampling.seed + 7919 * seed_salt
         out, gen_m = generate(gen_in, dataclasses.replace(sampling, n=1, max_new_tokens=room, seed=seed))
-        for k, v in gen_m.items():  # turns: times add up, the rest is the last turn's
-            metrics[k] = metrics.get(k, 0.0) + v if k.startswith("timing_s/") else v
+        add_generation_metrics(metrics, gen_m)
         resp, rmask, lps = out.batch["responses"], out.batch["response_mask"].bool(), out.batch["rollout_log_probs"]
         for i, t in enumerate(active):
             left = self.response_length - len(t.tokens)

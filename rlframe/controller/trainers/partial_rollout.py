@@ -154,8 +154,7 @@ class PartialRollouts:
                                        seed=t.sample_seed(salt=1000 + salt, step=step))
         sampling = dataclasses.replace(sampling, max_new_tokens=budget)
         out, gen_m = phases.generate(t.roles, gen_in, sampling=sampling, replicas=t.roles.replicas)
-        for k, v in gen_m.items():  # several rounds: times add up, the rest is the last round's
-            metrics[k] = metrics.get(k, 0.0) + v if k.startswith("timing_s/") else v
+        phases.add_generation_metrics(metrics, gen_m)
         resp, rmask = out.batch["responses"], out.batch["response_mask"].bool()
         lps = out.batch["rollout_log_probs"]
         discarded = 0

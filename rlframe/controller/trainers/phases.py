@@ -59,6 +59,13 @@ def generate(roles, prompts: DataProto, *, sampling: SamplingConfig, replicas: i
     return launch_generation(roles, prompts, sampling=sampling, replicas=replicas).result()
 
 
+def add_generation_metrics(total: dict, metrics: dict) -> None:
+    """Fold one of several generation calls' metrics into `total`: times add up, the rest is the
+    latest call's (partial-rollout rounds, agent turns)."""
+    for k, v in metrics.items():
+        total[k] = total.get(k, 0.0) + v if k.startswith("timing_s/") else v
+
+
 def wait_in_order(pending: dict, timing: dict):
     """Yield (name, result) of calls issued together (`blocking=False`), waiting for each in turn;
     `timing_s/<name>` is the wait for it, so the phase's wall time is the sum of its timers (with
