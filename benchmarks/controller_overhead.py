@@ -1,7 +1,9 @@
 """Cost of one no-op call on a worker group of 1, 4 and 8 processes (median of 100 calls).
 
-A call is the whole single-controller path: split the arguments by the dispatch mode, one Ray
-actor call per rank, wait for all, gather. Usage: python benchmarks/controller_overhead.py
+A call is the whole single-controller path: split the arguments by the dispatch mode, send them to
+every rank, wait for all, gather. Both paths are measured in the same run, alternating: plain (one
+Ray actor call per rank) and compiled (one execution of the processes' Ray compiled graph,
+rlframe/controller/compiled.py). Usage: python benchmarks/controller_overhead.py
 """
 
 from __future__ import annotations
@@ -30,6 +32,8 @@ def main() -> None:
     p.add_argument("--calls", type=int, default=100)
     p.add_argument("--no-write", action="store_true")
     args = p.parse_args()
+    import os
+
     import torch
 
     before = machine_state()
@@ -37,17 +41,19 @@ def main() -> None:
     batch = DataProto.from_dict(tensors={"input_ids": torch.zeros(64, 128, dtype=torch.long)})
     rows = []
     for n in (1, 4, 8):
-        pool = ResourcePool(procs_per_node=[n], name=f"bench{n}")
-        group = RayWorkerGroup(pool, Noop, name=f"noop{n}", timeout=300)
-        noop = median_seconds(group.noop, args.calls, warmup=5)
-        echo = median_seconds(lambda: group.echo(batch), args.calls, warmup=5)
-        rows.append([n, f"{noop * 1e3:.2f}", f"{echo * 1e3:.2f}"])
-        group.shutdown()
-        pool.release()
+        for path in ("plain", "compiled"):
+            os.environ["RLFRAME_COMPILED_CALLS"] = "1" if path == "compiled" else "0"  # read when a group starts
+            pool = ResourcePool(procs_per_node=[n], name=f"bench{n}{path}")
+            group = RayWorkerGroup(pool, Noop, name=f"noop{n}{path}", timeout=300)
+            noop = median_seconds(group.noop, args.calls, warmup=5)
+            echo = median_seconds(lambda: group.echo(batch), args.calls, warmup=5)
+            rows.append([n, path, f"{noop * 1e3:.2f}", f"{echo * 1e3:.2f}"])
+            group.shutdown()
+            pool.release()
     after = machine_state()
     load = (f"1-minute load average {before['load1']:.1f} before, {after['load1']:.1f} after; fp32 matmul "
             f"{before['gflops']:.0f} / {after['gflops']:.0f} GFLOP/s (2 threads).")
-    md = markdown_table(["workers", "no-op call, median ms", "DP_COMPUTE echo of 64x128 ids, median ms"], rows)
+    md = markdown_table(["workers", "call path", "no-op call, median ms", "DP_COMPUTE echo of 64x128 ids, median ms"], rows)
     print(md)
     if not args.no_write:
         write_section("## Controller call overhead", f"Reproduce: `python benchmarks/controller_overhead.py`\n"

@@ -10,7 +10,9 @@ object store, outputs it fetches and their bytes. Two dispatch schemes are compa
   one), and every rank sends its output back (what rlframe did before its dispatch kept one
   serialization per distinct chunk and one output per dp group);
 - rlframe now: a chunk shared by tp/pp peers is put into the object store once (ranks fetch it
-  there, a node pulls it once), and only one rank per dp group returns data.
+  there, a node pulls it once), and only one rank per dp group returns data; a blocking call is one
+  execution of the processes' compiled graph (rlframe/controller/compiled.py), not one Ray call per
+  rank.
 Bytes follow the batch that the PPO trainer sends to each call (docs/contracts.md keys; int64 ids
 and masks, fp32 per-token values), with prompts and responses at their full padded lengths.
 """
@@ -84,7 +86,7 @@ def totals(calls: list[Call]) -> dict[str, tuple[float, float]]:
     outs_now = sum(c.dp for c in calls)
     out_before = sum(c.out_bytes * c.returning for c in calls)
     out_now = sum(c.out_bytes for c in calls)
-    return {"Ray calls": (rpcs, rpcs), "serializations": (ser_before, ser_now),
+    return {"Ray submissions": (rpcs, len(calls)), "serializations": (ser_before, ser_now),
             "MB serialized by the driver": (in_before / 2**20, in_now / 2**20),
             "outputs fetched": (outs_before, outs_now), "MB fetched by the driver": (out_before / 2**20, out_now / 2**20)}
 
@@ -118,8 +120,12 @@ def main() -> None:
         + markdown_table(["call", "dp", "ranks per chunk", "MB in", "MB out"], per_call)
         + "\n\nPer step, as the world size grows (per-rank scheme vs rlframe now):\n\n"
         + markdown_table(["ranks", "driver work", "per rank", "rlframe now", "ratio"], rows)
-        + "\n\nReading: Ray calls grow with the ranks in both schemes (one per rank per call; at 128 ranks "
-        "and the measured 0.3 ms to submit one call on this CPU, about 0.2 s per step). Serializations and "
+        + "\n\nReading: with one Ray call per rank, submissions grow with the ranks (at 128 ranks and the "
+        "measured 0.3 ms to submit one call on this CPU, about 0.2 s per step); a blocking call now writes "
+        "one input to the processes' compiled graph, which every rank reads (its own small payload plus "
+        "object-store references to large chunks), so the driver's submissions are one per call. Not "
+        "measured beyond one node: the compiled graph's input is read by every rank, so its bytes per call "
+        "grow as ranks x (ranks x a few hundred bytes of payloads). Serializations and "
         "bytes through the driver now grow with the data-parallel size and the batch only, not with "
         "tp * pp: at 128 ranks the driver serializes each batch once instead of 32 times. What remains "
         "proportional to the batch: the trainer sends the whole batch so far to every call (prompts and "

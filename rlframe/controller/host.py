@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import socket
+import threading
 from datetime import timedelta
 
 from rlframe.controller.dispatch import RankInfo
@@ -27,7 +28,9 @@ class WorkerHost:
         for module in filter(None, os.environ.get("RLFRAME_IMPORTS", "").split(",")):
             importlib.import_module(module)
 
-        torch.set_num_threads(max(1, num_threads))
+        self.num_threads = max(1, num_threads)
+        torch.set_num_threads(self.num_threads)
+        self._thread = threading.local()  # per-thread setup of the compiled call path
         self.group, self.rank, self.world_size = group, rank, world_size
         self.backend = "nccl" if torch.cuda.is_available() else "gloo"
         self.roles: dict[str, object] = {}
@@ -71,6 +74,22 @@ class WorkerHost:
         t0 = time.perf_counter()
         out = getattr(self.roles[role], method)(*args, **kwargs)
         return (out if collect else None), time.perf_counter() - t0
+
+    def call_packed(self, payload):
+        """The compiled call path's entry (rlframe/controller/compiled.py): `payload` is None where
+        this rank is not called, else (pickled call, its ObjectRefs). It runs on Ray's system thread
+        of this actor, not the main one; torch's thread count is per thread and is set here once."""
+        if payload is None:
+            return None
+        from rlframe.controller import compiled
+
+        if not getattr(self._thread, "ready", False):
+            import torch
+
+            torch.set_num_threads(self.num_threads)
+            self._thread.ready = True
+        role, method, args, kwargs, collect = compiled.decode(*payload)
+        return compiled.answer(self.call(role, method, args, kwargs, collect))
 
     def pid(self) -> int:
         return os.getpid()

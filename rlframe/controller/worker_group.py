@@ -20,7 +20,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
-from rlframe.controller import startup
+from rlframe.controller import compiled, startup, transport
 from rlframe.controller.decorator import registered_methods
 from rlframe.controller.dispatch import RankInfo, get_dispatch_mode
 from rlframe.controller.host import WorkerHost
@@ -135,9 +135,11 @@ class GroupFuture:
     """The pending result of a non-blocking group call; `get()` gathers it."""
 
     def __init__(self, *, calls, collect, what: str, timeout: float | None, record: CallRecord | None = None,
-                 zero_copy: bool = False):
+                 zero_copy: bool = False, hosts: "HostSet | None" = None):
         self._calls, self._collect, self._what, self._timeout = calls, collect, what, timeout
-        self._zero_copy = zero_copy
+        self._zero_copy, self._hosts = zero_copy, hosts
+        if hosts is not None:
+            hosts.outstanding.append(self)
         self._record, self._submitted_at = record, time.perf_counter()
 
     @property
@@ -154,18 +156,27 @@ class GroupFuture:
         from rlframe.protocol import receive_zero_copy
 
         # Where the gather copies anyway (concat), outputs skip their private copy on arrival.
-        with receive_zero_copy() if self._zero_copy else contextlib.nullcontext():
-            outs = _wait_all(self._calls, timeout=self._timeout if timeout is None else timeout, what=self._what)
-        answered = time.perf_counter()
-        result = self._collect([(info, out) for info, (out, _) in outs])
-        if self._record is not None and _recorders:
-            rec = self._record
-            rec.answer_s = answered - self._submitted_at
-            rec.collect_s = time.perf_counter() - answered
-            rec.compute_s = max((t for _, (_, t) in outs), default=0.0)
-            for calls in _recorders:
-                calls.append(rec)
-        return result
+        try:
+            with receive_zero_copy() if self._zero_copy else contextlib.nullcontext():
+                outs = _wait_all(self._calls, timeout=self._timeout if timeout is None else timeout, what=self._what)
+        finally:
+            if self._hosts is not None and self in self._hosts.outstanding:
+                self._hosts.outstanding.remove(self)
+        return _gathered(outs, self._collect, self._record, submitted_at=self._submitted_at)
+
+
+def _gathered(outs: list[tuple[RankInfo, tuple[Any, float]]], collect, record: CallRecord | None, *,
+              submitted_at: float):
+    """The collected result of every rank's (output, seconds); completes and files `record`."""
+    answered = time.perf_counter()
+    result = collect([(info, out) for info, (out, _) in outs])
+    if record is not None and _recorders:
+        record.answer_s = answered - submitted_at
+        record.collect_s = time.perf_counter() - answered
+        record.compute_s = max((t for _, (_, t) in outs), default=0.0)
+        for calls in _recorders:
+            calls.append(record)
+    return result
 
 
 # Settings of the collective libraries that must reach every rank on every node (interface names,
@@ -177,32 +188,6 @@ def communication_env() -> dict[str, str]:
     import os
 
     return {k: v for k, v in os.environ.items() if k.startswith(COMM_ENV_PREFIXES)}
-
-
-def _put_shared(per_rank: list) -> list:
-    """Arguments that go to several ranks as the same object (a DP_COMPUTE chunk shared by tp/pp
-    peers, a ONE_TO_ALL batch) are serialized once, into the object store, and sent as a reference
-    (the host fetches it); Ray would otherwise serialize them once per rank."""
-    from rlframe.protocol import DataProto
-
-    seen: dict[int, list] = {}
-    for call in per_rank:
-        if call is not None:
-            for v in (*call[0], *call[1].values()):
-                if isinstance(v, DataProto):
-                    seen.setdefault(id(v), [v, 0])[1] += 1
-    shared = {k: v for k, (v, n) in seen.items() if n > 1}
-    if not shared:
-        return per_rank
-    import ray
-
-    refs = {k: ray.put(v) for k, v in shared.items()}
-
-    def swap(v):
-        return refs.get(id(v), v) if isinstance(v, DataProto) else v
-
-    return [None if call is None else (tuple(swap(a) for a in call[0]), {k: swap(v) for k, v in call[1].items()})
-            for call in per_rank]
 
 
 # How long a collective (a barrier, an all-reduce) waits for the slowest rank before failing: long
@@ -217,11 +202,13 @@ class HostSet:
     is the process group's timeout, which every collective of the workers runs under."""
 
     def __init__(self, pool: ResourcePool, *, name: str, env: dict[str, str] | None = None,
-                 init_timeout_s: float = 120.0, collective_timeout_s: float = COLLECTIVE_TIMEOUT_S):
+                 init_timeout_s: float = 120.0, collective_timeout_s: float = COLLECTIVE_TIMEOUT_S,
+                 join: bool = True):
         import ray
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         self.name, self.pool = name, pool
+        self._init_timeout_s, self._collective_timeout_s = init_timeout_s, collective_timeout_s
         remote = ray.remote(WorkerHost)
         env = {"TOKENIZERS_PARALLELISM": "false", **communication_env(), **(env or {})}
         self.actors = [
@@ -236,23 +223,66 @@ class HostSet:
                      num_threads=max(1, int(pool.cpus_per_proc)), env=env)
             for r, (pg, idx) in enumerate(pool.slots())
         ]
+        self.joined = False
+        self.outstanding: list[GroupFuture] = []  # non-blocking calls not gathered yet
+        self._graph: compiled.CompiledCalls | None = None
+        self._graph_allowed = compiled.enabled()
+        self._blocking_calls = 0
+        if join:
+            self.join()
+
+    def join(self) -> None:
+        """Wait for the processes to start and join them in one torch.distributed group (once).
+        With join=False the processes start in the background (importing torch and the worker
+        classes) while the driver goes on, e.g. loading the tokenizer and data."""
+        if self.joined:
+            return
         infos = [RankInfo(rank=r, dp_rank=r, dp_size=len(self.actors), collect=True) for r in range(len(self.actors))]
-        what = f"worker group {name!r} start-up"
-        [(_, (addr, port))] = _wait_all([(infos[0], self.actors[0].address.remote())], timeout=init_timeout_s, what=what)
+        what, timeout = f"worker group {self.name!r} start-up", self._init_timeout_s
+        [(_, (addr, port))] = _wait_all([(infos[0], self.actors[0].address.remote())], timeout=timeout, what=what)
         _wait_all(
-            [(i, a.init_distributed.remote(master_addr=addr, master_port=port, timeout_s=collective_timeout_s))
+            [(i, a.init_distributed.remote(master_addr=addr, master_port=port, timeout_s=self._collective_timeout_s))
              for i, a in zip(infos, self.actors)],
-            timeout=init_timeout_s, what=what,
+            timeout=timeout, what=what,
         )
+        self.joined = True
         startup.mark("worker processes")
 
     @property
     def world_size(self) -> int:
         return len(self.actors)
 
+    def compiled_graph(self) -> "compiled.CompiledCalls | None":
+        """The compiled graph a blocking call may take now, or None for the plain path (compiled.py)."""
+        if not self._graph_allowed:
+            return None
+        if self.outstanding:  # a plain call still queued or running on these processes goes first
+            self.outstanding = [f for f in self.outstanding if not f.done()]
+            if self.outstanding:
+                return None
+        if self._graph is None:
+            self._blocking_calls += 1
+            if self._blocking_calls <= compiled.COMPILE_AFTER:
+                return None
+            try:
+                self._graph = compiled.CompiledCalls(self.actors)
+            except Exception as err:  # e.g. a cluster whose nodes cannot share channels
+                import warnings
+
+                warnings.warn(f"worker group {self.name!r}: compiled calls unavailable, every call takes the "
+                              f"plain Ray path ({type(err).__name__}: {err})", RuntimeWarning, stacklevel=3)
+                self._graph_allowed = False
+                return None
+        if not self._graph.usable:
+            self._graph_allowed = False
+            return None
+        return self._graph
+
     def shutdown(self) -> None:
         import ray
 
+        if self._graph is not None:
+            self._graph.teardown()
         try:
             ray.get([a.shutdown.remote() for a in self.actors], timeout=5)
         except Exception:  # a dead or stuck rank must not stop the others from being killed
@@ -273,6 +303,7 @@ class RayWorkerGroup:
         self.cls = cls
         self.default_timeout = timeout
         self.hosts = _hosts or HostSet(pool, name=self.name, env=env, collective_timeout_s=collective_timeout_s)
+        self.hosts.join()
         refs = [(RankInfo(r, r, self.world_size, True), a.add_role.remote(self.role, cls, args, kwargs or {}))
                 for r, a in enumerate(self.hosts.actors)]
         per_rank = [infos for _, infos in _wait_all(refs, timeout=timeout, what=self._what("__init__"))]
@@ -284,11 +315,13 @@ class RayWorkerGroup:
     @classmethod
     def colocated(cls, pool: ResourcePool, roles: dict[str, RoleSpec], *, name: str = "colocated",
                   env: dict[str, str] | None = None, timeout: float | None = None,
-                  collective_timeout_s: float = COLLECTIVE_TIMEOUT_S) -> dict[str, "RayWorkerGroup"]:
-        """Several roles in one process per rank (the hybrid engine); one group handle per role."""
+                  collective_timeout_s: float = COLLECTIVE_TIMEOUT_S,
+                  hosts: HostSet | None = None) -> dict[str, "RayWorkerGroup"]:
+        """Several roles in one process per rank (the hybrid engine); one group handle per role.
+        `hosts`: processes already started on `pool` (HostSet(..., join=False)) to use."""
         if not roles:
             raise ValueError("colocated() needs at least one role")
-        hosts = HostSet(pool, name=name, env=env, collective_timeout_s=collective_timeout_s)
+        hosts = hosts or HostSet(pool, name=name, env=env, collective_timeout_s=collective_timeout_s)
         return {
             role: cls(pool, spec.cls, name=name, args=spec.args, kwargs=spec.kwargs, timeout=timeout,
                       _hosts=hosts, _role=role)
@@ -325,18 +358,51 @@ class RayWorkerGroup:
                              f"worker declared only {sorted(self.rank_infos)}; call set_mesh(..., name={reg.mesh!r})")
         infos = self.rank_infos[reg.mesh]
         t0 = time.perf_counter()
-        per_rank = _put_shared(mode.split(args, kwargs, infos))
+        split = mode.split(args, kwargs, infos)
+        is_blocking = reg.blocking if blocking is None else blocking
+        limit = self.default_timeout if timeout is None else timeout
+        graph = self.hosts.compiled_graph() if is_blocking else None
+        if graph is not None:
+            return self._call_compiled(graph, method, mode, infos, split, timeout=limit, t0=t0)
+        per_rank = transport.put_shared(split)
         calls = [
             (info, actor.call.remote(self.role, method, *call, info.collect or not mode.collect_ranks_only))
             for info, actor, call in zip(infos, self.hosts.actors, per_rank)
             if call is not None
         ]
         record = CallRecord(self.name, method, time.perf_counter() - t0, 0.0, 0.0, 0.0)
-        fut = GroupFuture(calls=calls, collect=mode.collect, what=self._what(method),
-                          timeout=self.default_timeout if timeout is None else timeout, record=record,
-                          zero_copy=mode.copies_outputs)
-        is_blocking = reg.blocking if blocking is None else blocking
+        fut = GroupFuture(calls=calls, collect=mode.collect, what=self._what(method), timeout=limit, record=record,
+                          zero_copy=mode.copies_outputs, hosts=None if is_blocking else self.hosts)
         return fut.get() if is_blocking else fut
+
+    def _call_compiled(self, graph: compiled.CompiledCalls, method: str, mode, infos: list[RankInfo], split: list,
+                       *, timeout: float | None, t0: float):
+        """A blocking call through the processes' compiled graph (compiled.py); same result and errors."""
+        from ray.exceptions import RayTaskError
+
+        from rlframe.protocol import receive_zero_copy
+
+        payloads = [None if call is None else
+                    compiled.encode((self.role, method, *call, info.collect or not mode.collect_ranks_only))
+                    for info, call in zip(infos, transport.inline_or_put(split))]
+        what = self._what(method)
+        record = CallRecord(self.name, method, time.perf_counter() - t0, 0.0, 0.0, 0.0)
+        submitted = time.perf_counter()
+        try:
+            with receive_zero_copy() if mode.copies_outputs else contextlib.nullcontext():
+                answers = graph.run(payloads, timeout=timeout)
+        except RayTaskError as err:
+            raise WorkerCallError(f"{what}: rank {graph.failed_rank(err)} raised {type(err.cause).__name__}: "
+                                  f"{err.cause}\n{err}") from err
+        except compiled.CompiledCallError as err:
+            if "Timeout" in str(err):
+                raise WorkerTimeoutError(
+                    f"{what}: the ranks did not all answer within {timeout}s (a rank may be stuck in a "
+                    "collective because another rank failed or took a different path); pass a larger "
+                    "timeout= or check the workers' logs") from err
+            raise WorkerDiedError(f"{what}: a rank's process died or its channel closed ({err})") from err
+        outs = [(info, a) for info, a in zip(infos, answers) if a is not None]
+        return _gathered(outs, mode.collect, record, submitted_at=submitted)
 
     def shutdown(self) -> None:
         """Stop every process of this group (and of roles colocated with it)."""

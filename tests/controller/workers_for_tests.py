@@ -117,3 +117,36 @@ class FaultyWorker(Worker):
     @register(dispatch=Dispatch.ONE_TO_ALL, blocking=False)
     def later(self, x):
         return x + self.rank
+
+
+class KeepingWorker(Worker):
+    """Keeps what it is sent and records the order of calls (the compiled call path's tests)."""
+
+    def __init__(self):
+        self.kept, self.order = [], []
+
+    @register(dispatch=Dispatch.ONE_TO_ALL)
+    def keep(self, data, value):
+        """Keeps `data` (a DataProto) and answers numpy and tensor outputs filled with `value`."""
+        import numpy as np
+
+        self.kept.append(data)
+        return np.full(50_000, float(value)), torch.full((1000,), float(value)), data
+
+    @register(dispatch=Dispatch.ONE_TO_ALL)
+    def kept_sums(self):
+        return [float(d.batch["x"].sum()) for d in self.kept]
+
+    @register(dispatch=Dispatch.ONE_TO_ALL)
+    def big_answer(self, n):
+        return torch.full((n,), float(self.rank))
+
+    @register(dispatch=Dispatch.ONE_TO_ALL)
+    def record(self, tag, delay_s=0.0):
+        time.sleep(delay_s)
+        self.order.append(tag)
+        return list(self.order)
+
+    @register(dispatch=Dispatch.ONE_TO_ALL)
+    def num_threads(self):
+        return torch.get_num_threads()

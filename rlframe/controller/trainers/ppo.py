@@ -55,7 +55,7 @@ class PPOTrainer:
         self.actor_path = model_path(cfg)
         self.tokenizer = AutoTokenizer.from_pretrained(self.actor_path)
         self.loader, self.val_set = build_data(cfg, self.tokenizer)
-        startup.mark("trainer imports, tokenizer, data")
+        startup.mark("tokenizer, data")
         say(f"data: {len(self.loader.dataset)} train prompts, {len(self.val_set) if self.val_set else 0} held out")
         spec = RewardFnSpec(path=cfg.reward.function_path, name=cfg.reward.function_name) \
             if cfg.reward.function_path else None

@@ -11,6 +11,7 @@ from rlframe.config.schema import RunConfig
 from rlframe.config.validate import role_world_sizes
 from rlframe.controller import RayWorkerGroup, ResourcePool, RoleSpec
 from rlframe.controller.dispatch import METRICS_KEY
+from rlframe.controller.trainers.prelaunch import role_pool, take_hosts, worker_env
 from rlframe.protocol import DataProto
 from rlframe.workers.actor import ActorWorker
 from rlframe.workers.critic import CriticWorker
@@ -123,32 +124,27 @@ def role_specs(cfg: RunConfig, *, actor_path: str, critic_path: str) -> dict[str
     return specs
 
 
-def _pool(cfg: RunConfig, procs: int, name: str) -> ResourcePool:
-    per_node = cfg.resources.procs_per_node
-    nodes = [per_node] * (procs // per_node) + ([procs % per_node] if procs % per_node else [])
-    return ResourcePool(procs_per_node=nodes, use_gpu=cfg.resources.use_gpu,
-                        cpus_per_proc=cfg.resources.cpus_per_proc, name=name)
-
-
 def build_roles(cfg: RunConfig, *, actor_path: str, critic_path: str) -> RunRoles:
     specs = role_specs(cfg, actor_path=actor_path, critic_path=critic_path)
-    env = {"RLFRAME_RUN": cfg.trainer.experiment, "RLFRAME_IMPORTS": ",".join(cfg.imports)}
+    env = worker_env(cfg)
     timeout = cfg.trainer.collective_timeout_s
     if cfg.resources.placement == "colocated":
-        pool = _pool(cfg, cfg.resources.nodes * cfg.resources.procs_per_node, "hybrid")
-        groups = RayWorkerGroup.colocated(pool, specs, name="hybrid", env=env, collective_timeout_s=timeout)
+        pool, hosts = take_hosts(cfg, "hybrid") or (role_pool(cfg, cfg.resources.nodes * cfg.resources.procs_per_node,
+                                                               "hybrid"), None)
+        groups = RayWorkerGroup.colocated(pool, specs, name="hybrid", env=env, collective_timeout_s=timeout,
+                                          hosts=hosts)
         pools = [pool]
     else:
         sizes = role_world_sizes(cfg)
         groups, pools = {}, []
         for role, spec in specs.items():
-            pool = _pool(cfg, sizes[role], role)
+            pool = role_pool(cfg, sizes[role], role)
             groups[role] = RayWorkerGroup(pool, spec.cls, name=role, kwargs=spec.kwargs, env=env,
                                           collective_timeout_s=timeout)
             pools.append(pool)
     rm = None
     if cfg.reward.model_paths:
-        pool = _pool(cfg, cfg.resources.procs_per_node, "reward_model")
+        pool = role_pool(cfg, cfg.resources.procs_per_node, "reward_model")
         rm = RayWorkerGroup(pool, RewardModelWorker, name="reward_model",
                             kwargs=dict(model_paths=cfg.reward.model_paths, ensemble=cfg.reward.ensemble), env=env,
                             collective_timeout_s=timeout)

@@ -196,6 +196,8 @@ class VLLMRolloutEngine(RolloutEngine):
         self.model_path = str(model_path)
         self.tp = config.tensor_parallel_size
         self.is_cpu = current_platform.is_cpu()
+        if self.is_cpu:
+            _eager_token_ranks()
         self.sleep_supported = current_platform.is_sleep_mode_available()
         kwargs = llm_kwargs(self.model_path, config, is_cpu=self.is_cpu, sleep_supported=self.sleep_supported)
         # vLLM's CPU worker replaces torch.set_num_threads process-wide; the training engine in this
@@ -435,6 +437,22 @@ class VLLMRolloutEngine(RolloutEngine):
         if getattr(self, "llm", None) is not None:
             self._runner = None
             del self.llm
+
+
+def _count_at_least(x: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+    return (x >= values).sum(-1)
+
+
+def _eager_token_ranks() -> None:
+    """On CPU, compute the rank of each sampled token among the vocabulary (which vLLM returns with
+    every logprob) eagerly. vLLM 0.32 wraps that one comparison in `torch.compile` (inductor), which
+    compiled at the first generation with logprobs in every process: 2.4 s of each run's start-up
+    (tests/workers/rollout/test_vllm_engine.py checks that nothing compiles). Eager, the comparison makes a temporary
+    (tokens x vocabulary) bool tensor, which is what the compile avoided on GPUs and costs nothing
+    here. The ranks themselves are not used by rlframe (it reads the logprob values)."""
+    import vllm.v1.sample.sampler as sampler
+
+    sampler.batched_count_greater_than = _count_at_least
 
 
 def _serve_from_memory(worker_manager, engine: VLLMRolloutEngine) -> None:

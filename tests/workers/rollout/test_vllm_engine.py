@@ -45,10 +45,16 @@ def test_greedy_matches_transformers_on_16_prompts(engines):
 
 
 def test_rollout_log_probs_match_training_forward(engines):
+    """... and asking for them compiles nothing (vLLM's compiled token-rank op, 2.4 s at the first
+    generation of every process, runs eagerly on CPU: vllm_engine._eager_token_ranks)."""
+    from torch._dynamo.utils import counters
+
     vllm_engine, hf_engine, _ = engines
     prompts = prompt_batch(hf_engine.tokenizer, 8)
+    frames = counters["frames"]["total"]
     for sampling, temperature in ((GREEDY, 1.0), (SamplingConfig(n=2, temperature=0.7, max_new_tokens=16, seed=1), 0.7)):
         out = vllm_engine.generate(prompts, sampling)
+        assert counters["frames"]["total"] == frames
         ref = response_log_probs(hf_engine.model, out.batch, temperature=temperature)
         m = logprob_diff_metrics(out.batch["rollout_log_probs"], ref, out.batch["response_mask"])
         assert m["rollout/logprob_diff_mean"] < 1e-3, m

@@ -1,0 +1,136 @@
+"""The compiled call path: one Ray compiled graph per set of worker processes, for blocking calls.
+
+A plain group call submits one Ray actor task per rank: about 0.2-0.3 ms of driver time each, and
+every process wakes its gRPC threads to receive it; on 8 ranks sharing 2 cores a no-op call took
+3.6-4.7 ms. A Ray compiled graph (`ray.dag`) sets up shared-memory channels once: a call then
+writes the per-rank payloads into one input channel and reads one output channel per rank, about
+1 ms for 8 ranks (docs/benchmarks.md, "Controller call overhead").
+
+When a call takes it (`RayWorkerGroup.call`): a blocking call, once the processes have served
+`COMPILE_AFTER` blocking calls (a group used once or twice never pays the 0.2-0.5 s compile), and
+while no non-blocking call on the same processes is outstanding. Ray runs one actor's plain calls
+in submission order on its main thread; a compiled call runs on Ray's system thread of the actor
+and would overtake a plain call still queued there (ranks could then enter collectives in
+different orders). Non-blocking calls always take the plain path.
+
+Payload of a rank: `(role, method, args, kwargs, collect)` pickled by the driver (ObjectRefs set
+aside and sent natively beside the bytes), or None where the rank is not called; the answer is
+`(output, seconds)` pickled by the rank, or an object-store reference to it above OUTPUT_INLINE_BYTES.
+Pickling in-band means nothing either side keeps aliases a channel's shared memory: Ray deserializes
+numpy buffers from a channel without copying, and an array kept from one call pins the channel so
+that the next call cannot be written (it hangs). Every rank reads the whole input, so DataProtos go
+inline only while all of them together are small (`transport.INLINE_BYTES`); otherwise each
+distinct DataProto is put into the object store once and only its ranks fetch it.
+
+Failures: a rank that raises is reported at once, by rank (Ray reads the output channels in turn
+and returns on the first error; the other ranks' outputs of that call are read before the next
+one). A rank that dies, or a call that outlives its timeout, leaves the graph unusable: it is
+dropped and later calls take the plain path, which names the dead rank.
+
+`RLFRAME_COMPILED_CALLS=0` turns the path off (every call plain).
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import pickle
+from typing import Any
+
+# Blocking calls a set of processes serves on the plain path before its graph is compiled.
+COMPILE_AFTER = 2
+# A rank's answer larger than this goes through the object store instead of its output channel
+# (a channel keeps the size of the largest message it carried).
+OUTPUT_INLINE_BYTES = 4 * 1024 * 1024
+
+
+def enabled() -> bool:
+    return os.environ.get("RLFRAME_COMPILED_CALLS", "1").strip().lower() not in ("0", "false", "no", "off")
+
+
+class CompiledCallError(RuntimeError):
+    """The compiled graph failed as a whole (a process died, a channel broke, a timeout)."""
+
+
+class CompiledCalls:
+    """One compiled graph over `actors` (WorkerHost handles, index = rank): input i is rank i's payload."""
+
+    def __init__(self, actors: list):
+        import ray
+        from ray.dag import InputNode, MultiOutputNode
+
+        self.pid_to_rank = {pid: rank for rank, pid in enumerate(ray.get([a.pid.remote() for a in actors]))}
+        with InputNode() as inp:
+            dag = MultiOutputNode([a.call_packed.bind(inp[i]) for i, a in enumerate(actors)])
+        self.graph = dag.experimental_compile()
+        self.usable = True
+
+    def run(self, payloads: list, *, timeout: float | None) -> list[Any]:
+        """Each rank's answer, decoded (None where the payload was None); raises RayTaskError for a
+        rank that raised (see `failed_rank`), CompiledCallError when the graph itself failed (it is
+        then unusable)."""
+        import ray
+        from ray.exceptions import RayTaskError
+
+        try:
+            refs = self.graph.execute(*payloads)
+            wait = -1 if timeout is None else max(timeout, 1e-3)
+            answers = [ref.get(timeout=wait) for ref in refs]
+        except RayTaskError:
+            raise
+        except Exception as err:  # RayChannelError (timeouts, closed channels), dead processes
+            self.usable = False
+            raise CompiledCallError(f"{type(err).__name__}: {err}") from err
+        stored = [i for i, a in enumerate(answers) if isinstance(a, ray.ObjectRef)]
+        for i, value in zip(stored, ray.get([answers[i] for i in stored])):
+            answers[i] = value
+        return [pickle.loads(a) if isinstance(a, bytes) else a for a in answers]
+
+    def failed_rank(self, err) -> int | None:
+        """The rank whose method raised `err` (a RayTaskError), from its process id."""
+        return self.pid_to_rank.get(getattr(err, "pid", None))
+
+    def teardown(self) -> None:
+        """Stop the graph's loops in the processes; a graph that failed is left for ray.kill."""
+        if self.usable:
+            try:
+                self.graph.teardown()
+            except Exception:  # a process that died meanwhile: the actors are killed next anyway
+                pass
+        self.usable = False
+
+
+def encode(obj) -> tuple[bytes, list]:
+    """`obj` pickled in-band with its ObjectRefs set aside (they travel natively beside the bytes)."""
+    import ray
+
+    refs: list = []
+
+    class _Pickler(pickle.Pickler):
+        def persistent_id(self, o):
+            if isinstance(o, ray.ObjectRef):
+                refs.append(o)
+                return len(refs) - 1
+            return None
+
+    buf = io.BytesIO()
+    _Pickler(buf, protocol=pickle.HIGHEST_PROTOCOL).dump(obj)
+    return buf.getvalue(), refs
+
+
+def decode(data: bytes, refs: list):
+    class _Unpickler(pickle.Unpickler):
+        def persistent_load(self, pid):
+            return refs[pid]
+
+    return _Unpickler(io.BytesIO(data)).load()
+
+
+def answer(value):
+    """A rank's answer to the driver: pickled bytes, or a reference to the object store when large."""
+    data = pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
+    if len(data) <= OUTPUT_INLINE_BYTES:
+        return data
+    import ray
+
+    return ray.put(value)

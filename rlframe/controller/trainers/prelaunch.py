@@ -1,0 +1,89 @@
+"""Start-up stages that overlap: the driver's heavy imports while Ray starts, and the worker
+processes' own start (a Python process importing torch, transformers, vLLM and the worker classes)
+while the driver loads the tokenizer and the data.
+
+    run_training:  importer = import_in_background(trainer_class, cfg)   # thread
+                   start Ray                                             # main thread, meanwhile
+                   launch_hosts(cfg)      # worker processes start, nobody waits for them yet
+                   trainer_cls = importer.result()
+    trainer:       tokenizer, data ...    # the processes start meanwhile
+    build_roles:   taken = take_hosts(cfg, "hybrid")  -> join them, place the roles
+
+Only colocated placement (one set of processes for all roles) is launched early; split placement
+starts its groups in build_roles. Processes launched and never taken (the trainer failed before
+placing its roles) are stopped by `discard_launched()`.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, Callable
+
+from rlframe.config.schema import RunConfig
+from rlframe.controller.resource_pool import ResourcePool
+from rlframe.controller.worker_group import HostSet
+
+_launched: dict[tuple[str, str], tuple[ResourcePool, HostSet]] = {}
+
+
+class Background:
+    """A function run on a thread; result() joins it and re-raises what it raised."""
+
+    def __init__(self, fn: Callable, *args):
+        self._value: Any = None
+        self._error: BaseException | None = None
+
+        def run():
+            try:
+                self._value = fn(*args)
+            except BaseException as err:  # re-raised in the caller's thread
+                self._error = err
+
+        self._thread = threading.Thread(target=run, name="rlframe-import", daemon=True)
+        self._thread.start()
+
+    def result(self):
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        return self._value
+
+
+def import_in_background(fn: Callable, *args) -> Background:
+    return Background(fn, *args)
+
+
+def role_pool(cfg: RunConfig, procs: int, name: str) -> ResourcePool:
+    """The pool of `procs` processes for group `name`, filling nodes of resources.procs_per_node."""
+    per_node = cfg.resources.procs_per_node
+    nodes = [per_node] * (procs // per_node) + ([procs % per_node] if procs % per_node else [])
+    return ResourcePool(procs_per_node=nodes, use_gpu=cfg.resources.use_gpu,
+                        cpus_per_proc=cfg.resources.cpus_per_proc, name=name)
+
+
+def worker_env(cfg: RunConfig) -> dict[str, str]:
+    """Environment every worker process of the run gets."""
+    return {"RLFRAME_RUN": cfg.trainer.experiment, "RLFRAME_IMPORTS": ",".join(cfg.imports)}
+
+
+def launch_hosts(cfg: RunConfig) -> None:
+    """Start the processes of a colocated run now, without waiting for them."""
+    if cfg.resources.placement != "colocated":
+        return
+    pool = role_pool(cfg, cfg.resources.nodes * cfg.resources.procs_per_node, "hybrid")
+    hosts = HostSet(pool, name="hybrid", env=worker_env(cfg), collective_timeout_s=cfg.trainer.collective_timeout_s,
+                    join=False)
+    _launched[(cfg.trainer.experiment, "hybrid")] = (pool, hosts)
+
+
+def take_hosts(cfg: RunConfig, name: str) -> tuple[ResourcePool, HostSet] | None:
+    """The (pool, processes) launched for group `name` of this run, once; None if none were."""
+    return _launched.pop((cfg.trainer.experiment, name), None)
+
+
+def discard_launched() -> None:
+    """Stop the processes launched and never taken, and free their pools."""
+    while _launched:
+        _, (pool, hosts) = _launched.popitem()
+        hosts.shutdown()
+        pool.release()

@@ -1,0 +1,138 @@
+"""The compiled call path (rlframe/controller/compiled.py): once a group's processes have served a
+few blocking calls, blocking calls go through one Ray compiled graph. Same results, same errors,
+nothing kept on either side aliases a channel, and plain calls still queued are never overtaken."""
+
+import pytest
+import torch
+
+from rlframe.controller import RayWorkerGroup, ResourcePool, WorkerCallError, WorkerDiedError, WorkerTimeoutError
+from rlframe.controller import compiled
+from rlframe.protocol import DataProto
+from tests.controller.workers_for_tests import EchoWorker, FaultyWorker, KeepingWorker
+
+
+def _warm(group, call):
+    """Serve blocking calls until the processes' graph is compiled; the path is then compiled."""
+    for _ in range(compiled.COMPILE_AFTER + 1):
+        call()
+    assert group.hosts._graph is not None and group.hosts._graph.usable
+
+
+@pytest.fixture(scope="module")
+def echo4(ray_cluster):
+    pool = ResourcePool(procs_per_node=[4], name="compiled-echo")
+    group = RayWorkerGroup(pool, EchoWorker, name="cecho", kwargs={"mesh": {"dp": 2, "tp": 2}}, timeout=120)
+    _warm(group, lambda: group.whoami(0))
+    yield group
+    group.shutdown()
+    pool.release()
+
+
+def test_every_dispatch_mode_gives_the_plain_result(echo4):
+    graph = echo4.hosts._graph
+    assert echo4.whoami("hi") == [(r, 4, "echo", "hi") for r in range(4)]
+    assert echo4.square([1, 2, 3, 4], offset=[0, 0, 0, 100]) == [1, 4, 9, 116]
+    assert echo4.only_rank_zero(7) == ("rank-zero", 0, 7)
+    data = DataProto.from_dict(tensors={"x": torch.arange(8)}, non_tensors={"uid": list("abcdefgh")})
+    out = echo4.double(data, scale=10)
+    assert out.batch["x"].tolist() == [0, 10, 20, 30, 40, 50, 60, 70]
+    assert out.batch["rank"].tolist() == [0, 0, 0, 0, 2, 2, 2, 2]
+    assert out.non_tensor_batch["uid"].tolist() == list("abcdefgh")
+    assert echo4.all_reduce_rank() == [10.0] * 4
+    # a batch over the inline limit goes through the object store; tp peers get the same chunk
+    big = DataProto.from_dict(tensors={"x": torch.arange(200_000)})
+    assert echo4.double(big, scale=1).batch["x"].equal(big.batch["x"])
+    assert echo4.seen_chunks()[1][-1][:3] == [0, 1, 2] and echo4.seen_chunks()[2][-1][:3] == [100_000, 100_001, 100_002]
+    assert echo4.hosts._graph is graph and graph.usable  # all of it on the compiled path
+
+
+def test_records_split_the_time(echo4):
+    from rlframe.controller.worker_group import record_calls
+
+    with record_calls() as calls:
+        echo4.double(DataProto.from_dict(tensors={"x": torch.arange(4)}))
+    [c] = calls
+    assert c.method == "double" and 0 <= c.compute_s <= c.answer_s and c.submit_s >= 0 and c.collect_s >= 0
+
+
+def test_kept_inputs_and_outputs_stay_intact(ray_cluster):
+    """Outputs the driver keeps (numpy, tensors, DataProtos) and inputs a worker keeps survive many
+    later calls, and those calls do not wait for them (a kept view of a channel would block it)."""
+    pool = ResourcePool(procs_per_node=[2], name="compiled-keep")
+    group = RayWorkerGroup(pool, KeepingWorker, name="keep", timeout=60)
+    try:
+        _warm(group, lambda: group.num_threads())
+        assert group.num_threads() == [1, 1]  # torch's per-thread count, set on the graph's thread too
+        answers = [group.keep(DataProto.from_dict(tensors={"x": torch.full((1000,), float(k))}), k)
+                   for k in range(8)]
+        for k, per_rank in enumerate(answers):
+            for arr, t, data in per_rank:
+                assert float(arr.sum()) == 50_000 * k and float(t.sum()) == 1000 * k
+                assert float(data.batch["x"].sum()) == 1000 * k
+        assert group.kept_sums() == [[1000.0 * k for k in range(8)]] * 2
+        n = compiled.OUTPUT_INLINE_BYTES // 4 + 10  # an answer over the inline limit: object store
+        assert [float(t.sum()) for t in group.big_answer(n)] == [0.0, float(n)]
+    finally:
+        group.shutdown()
+        pool.release()
+
+
+def test_outstanding_plain_call_is_not_overtaken(ray_cluster):
+    pool = ResourcePool(procs_per_node=[2], name="compiled-order")
+    group = RayWorkerGroup(pool, KeepingWorker, name="order", timeout=60)
+    try:
+        _warm(group, lambda: group.num_threads())
+        fut = group.record("slow", 1.0, blocking=False)
+        assert group.record("next") == [["slow", "next"]] * 2
+        assert fut.get() == [["slow"]] * 2
+        assert group.record("last") == [["slow", "next", "last"]] * 2
+    finally:
+        group.shutdown()
+        pool.release()
+
+
+@pytest.fixture()
+def faulty(ray_cluster):
+    pool = ResourcePool(procs_per_node=[3], name="compiled-faulty")
+    group = RayWorkerGroup(pool, FaultyWorker, name="cflaky")
+    _warm(group, lambda: group.fail_on(-1, timeout=60))
+    yield group
+    group.shutdown()
+    pool.release()
+
+
+def test_raising_rank_is_named_and_the_path_stays(faulty):
+    with pytest.raises(WorkerCallError) as err:
+        faulty.fail_on(1, timeout=60)
+    msg = str(err.value)
+    assert "worker group 'cflaky'" in msg and "method 'fail_on'" in msg and "rank 1" in msg
+    assert "ValueError: bad input on rank 1" in msg
+    assert faulty.fail_on(-1, timeout=60) == [0, 1, 2] and faulty.hosts._graph.usable
+
+
+def test_dead_rank_and_timeout_leave_the_compiled_path(faulty):
+    with pytest.raises(WorkerTimeoutError, match=r"did not all answer within 1"):
+        faulty.sleep(5, timeout=1)
+    assert not faulty.hosts._graph.usable
+    assert faulty.fail_on(-1, timeout=60) == [0, 1, 2]  # plain path from now on
+    with pytest.raises(WorkerDiedError, match=r"worker group 'cflaky'.*rank 2 died"):
+        faulty.die_on(2, timeout=60)
+
+
+def test_switch_off(monkeypatch, ray_cluster):
+    monkeypatch.setenv("RLFRAME_COMPILED_CALLS", "0")
+    pool = ResourcePool(procs_per_node=[1], name="compiled-off")
+    group = RayWorkerGroup(pool, KeepingWorker, name="off", timeout=60)
+    try:
+        for _ in range(compiled.COMPILE_AFTER + 2):
+            group.num_threads()
+        assert group.hosts._graph is None
+    finally:
+        group.shutdown()
+        pool.release()
+
+
+def test_rank_dying_on_the_compiled_path(faulty):
+    with pytest.raises(WorkerDiedError, match=r"worker group 'cflaky'.*method 'die_on'"):
+        faulty.die_on(2, timeout=60)
+    assert not faulty.hosts._graph.usable
