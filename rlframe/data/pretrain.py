@@ -259,6 +259,7 @@ def sft_train(
 
 
 def _train_into(tmp: Path, *, preset: str, task: str, seed: int, cfg: SFTConfig) -> dict:
+    import numpy as np
     import torch
     import transformers
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -285,9 +286,29 @@ def _train_into(tmp: Path, *, preset: str, task: str, seed: int, cfg: SFTConfig)
         "torch_threads": torch.get_num_threads(),
         "env": {k: os.environ.get(k) for k in reproducible_env(cfg.threads)},
         "torch": torch.__version__, "transformers": transformers.__version__,
+        # What else the bits may depend on, to compare two machines that disagree (docs/tiny_model.md).
+        "python": platform.python_version(), "numpy": np.__version__, "libc": " ".join(platform.libc_ver()),
+        "cpu": _cpu_model(), "mkl": _torch_blas(),
     }
     (tmp / "rlframe_pretrain.json").write_text(json.dumps(info, indent=2))
     return info
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor()
+
+
+def _torch_blas() -> str:
+    """The MKL build torch carries (the library behind every fp32 matmul of the pre-training)."""
+    import torch
+
+    return next((ln.strip(" -") for ln in torch.__config__.show().splitlines() if "Math Kernel Library" in ln), "")
 
 
 def _child_main(argv: list[str]) -> None:
