@@ -15,7 +15,7 @@ import importlib
 from rlframe.workers.engines.base import TrainEngine, TrainEngineConfig
 
 _TRAIN_ENGINES: dict[str, str] = {
-    "fsdp": "rlframe.workers.engines.fsdp:FSDPTrainEngine",
+    "fsdp": "rlframe.workers.engines.fsdp.engine:FSDPTrainEngine",
     "megatron": "rlframe.workers.engines.megatron.engine:MegatronTrainEngine",
 }
 

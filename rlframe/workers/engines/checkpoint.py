@@ -34,7 +34,7 @@ from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_di
 
 from rlframe.utils import manifest
 from rlframe.workers.engines.dcp_reader import SafeFileSystemReader, SafeLoadPlanner, load_weights_only
-from rlframe.workers.engines.modeling import copy_tokenizer_files, save_full_model
+from rlframe.workers.engines.fsdp.modeling import copy_tokenizer_files, save_full_model
 
 _TRUE = ("1", "y", "yes", "true")
 ADAPTER_DIR = "adapter"  # PEFT adapter directory inside a LoRA engine's HF export

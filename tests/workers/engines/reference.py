@@ -56,7 +56,7 @@ def value_loss(outputs, mb):
 def build_reference(path: str, *, head: str, state_dict=None):
     from transformers import AutoModelForCausalLM, AutoModelForTokenClassification
 
-    from rlframe.workers.engines.modeling import init_missing_value_head
+    from rlframe.workers.engines.fsdp.modeling import init_missing_value_head
 
     if head == "lm":
         model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)

@@ -4,7 +4,7 @@ import pytest
 
 from rlframe.workers.engines import TrainEngine, TrainEngineConfig, get_train_engine, register_train_engine
 from rlframe.workers.engines.base import as_tensor_dict
-from rlframe.workers.engines.parallelize import check_model_fits
+from rlframe.workers.engines.fsdp.parallelize import check_model_fits
 
 
 def test_registry_returns_the_fsdp_backend_and_names_the_choices():
@@ -58,7 +58,7 @@ def test_frozen_engine_refuses_to_train():
 
 
 def test_attention_falls_back_to_sdpa_without_gpu_or_flash_attn():
-    from rlframe.workers.engines.modeling import resolve_attn_implementation
+    from rlframe.workers.engines.fsdp.modeling import resolve_attn_implementation
 
     assert resolve_attn_implementation("auto", on_gpu=False) == "sdpa"
     assert resolve_attn_implementation("eager", on_gpu=False) == "eager"

@@ -41,10 +41,10 @@ from rlframe.workers.engines.megatron.model import (
 )
 from rlframe.workers.engines.megatron.weights import hf_param_metas, hf_shards, load_hf_weights
 from rlframe.workers.engines.micro_batch import MicroBatch, restore_order
-from rlframe.workers.engines.modeling import load_config
+from rlframe.workers.engines.fsdp.modeling import load_config
 from rlframe.workers.engines.optim import lr_lambda
 from rlframe.workers.engines.packing import response_slice
-from rlframe.workers.engines.vocab_parallel import token_log_probs
+from rlframe.workers.engines.fsdp.vocab_parallel import token_log_probs
 
 
 def _megatron(method):

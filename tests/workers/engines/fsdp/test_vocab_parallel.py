@@ -1,11 +1,11 @@
 """Vocab-parallel log-prob/entropy with one slice (= whole vocab) against log_softmax and autograd.
 
-Slices over several ranks (tp = 2) are covered by the layout test in test_fsdp.py.
+Slices over several ranks (tp = 2) are covered by the layout test in test_engine.py.
 """
 
 import torch
 
-from rlframe.workers.engines.vocab_parallel import vocab_parallel_log_probs
+from rlframe.workers.engines.fsdp.vocab_parallel import vocab_parallel_log_probs
 
 
 def test_values_and_gradients_match_log_softmax():

@@ -33,16 +33,16 @@ from rlframe.workers.engines.base import (
     resolve_mixed_precision,
 )
 from rlframe.workers.engines.micro_batch import restore_order
-from rlframe.workers.engines.modeling import load_config, load_model, resolve_attn_implementation
+from rlframe.workers.engines.fsdp.modeling import load_config, load_model, resolve_attn_implementation
 from rlframe.workers.engines.optim import (
     build_optimizer, build_scheduler, global_grad_norm, scale_grads_,
 )
 from rlframe.workers.engines.packing import pack_inputs, padded_inputs, response_slice
-from rlframe.workers.engines.parallelize import (
+from rlframe.workers.engines.fsdp.parallelize import (
     apply_fsdp, apply_tensor_parallel, build_mesh, check_mesh, check_model_fits, decoder_layers, reshard_all,
 )
-from rlframe.workers.engines.shards import local_shards
-from rlframe.workers.engines.vocab_parallel import token_log_probs
+from rlframe.workers.engines.fsdp.shards import local_shards
+from rlframe.workers.engines.fsdp.vocab_parallel import token_log_probs
 
 _FORWARD_KEYS = ("input_ids", "attention_mask", "position_ids", "responses")
 # The HF output's logits are views; the engine never modifies them in place, which is the case
