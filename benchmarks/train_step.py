@@ -151,7 +151,7 @@ def main() -> None:
     if not args.no_write:
         command = f"python benchmarks/train_step.py --preset {args.preset} --batch {args.batch} --steps {args.steps}"
         write_section(SECTION, f"Reproduce: `{command}` (measured {time.strftime('%Y-%m-%d')}; the load "
-                      "averages and the matmul ceiling of the run are in the text below).\n\n{body}")
+                      f"averages and the matmul ceiling of the run are in the text below).\n\n{body}")
 
 
 if __name__ == "__main__":
