@@ -6,12 +6,13 @@ every process wakes its gRPC threads to receive it; on 8 ranks sharing 2 cores a
 writes the per-rank payloads into one input channel and reads one output channel per rank, about
 1 ms for 8 ranks (docs/benchmarks.md, "Controller call overhead").
 
-When a call takes it (`RayWorkerGroup.call`): a blocking call, once the processes have served
-`COMPILE_AFTER` blocking calls (a group used once or twice never pays the 0.2-0.5 s compile), and
-while no non-blocking call on the same processes is outstanding. Ray runs one actor's plain calls
-in submission order on its main thread; a compiled call runs on Ray's system thread of the actor
-and would overtake a plain call still queued there (ranks could then enter collectives in
-different orders). Non-blocking calls always take the plain path.
+When a call takes it (`RayWorkerGroup.call`): once the processes have served `COMPILE_AFTER`
+blocking calls (a group used once or twice never pays the 0.2-0.5 s compile), every call, blocking
+or not, while no plain non-blocking call on the same processes is outstanding. Ray runs one actor's
+plain calls in submission order on its main thread; a compiled call runs on Ray's system thread of
+the actor and would overtake a plain call still queued there (ranks could then enter collectives
+in different orders). Compiled calls run in submission order among themselves, so calls issued
+together (`blocking=False`) behave as on the plain path.
 
 Payload of a rank: `(role, method, args, kwargs, collect)` pickled by the driver (ObjectRefs set
 aside and sent natively beside the bytes), or None where the rank is not called; the answer is
@@ -33,6 +34,7 @@ dropped and later calls take the plain path, which names the dead rank.
 from __future__ import annotations
 
 import io
+import logging
 import os
 import pickle
 from typing import Any
@@ -59,21 +61,30 @@ class CompiledCalls:
         import ray
         from ray.dag import InputNode, MultiOutputNode
 
+        # Ray logs every teardown step at INFO on the driver's console; a run's output keeps its own lines.
+        logging.getLogger("ray.dag.compiled_dag_node").setLevel(logging.WARNING)
         self.pid_to_rank = {pid: rank for rank, pid in enumerate(ray.get([a.pid.remote() for a in actors]))}
         with InputNode() as inp:
             dag = MultiOutputNode([a.call_packed.bind(inp[i]) for i, a in enumerate(actors)])
         self.graph = dag.experimental_compile()
         self.usable = True
 
-    def run(self, payloads: list, *, timeout: float | None) -> list[Any]:
-        """Each rank's answer, decoded (None where the payload was None); raises RayTaskError for a
-        rank that raised (see `failed_rank`), CompiledCallError when the graph itself failed (it is
-        then unusable)."""
+    def submit(self, payloads: list) -> list:
+        """Start one call (the ranks run it in submission order); its CompiledDAGRefs, one per rank."""
+        try:
+            return self.graph.execute(*payloads)
+        except Exception as err:  # a closed channel, a dead process
+            self.usable = False
+            raise CompiledCallError(f"{type(err).__name__}: {err}") from err
+
+    def collect(self, refs: list, *, timeout: float | None) -> list[Any]:
+        """Each rank's answer to a submitted call, decoded (None where the payload was None); raises
+        RayTaskError for a rank that raised (see `failed_rank`), CompiledCallError when the graph
+        itself failed (it is then unusable)."""
         import ray
         from ray.exceptions import RayTaskError
 
         try:
-            refs = self.graph.execute(*payloads)
             wait = -1 if timeout is None else max(timeout, 1e-3)
             answers = [ref.get(timeout=wait) for ref in refs]
         except RayTaskError:

@@ -179,6 +179,50 @@ def _gathered(outs: list[tuple[RankInfo, tuple[Any, float]]], collect, record: C
     return result
 
 
+class CompiledFuture(GroupFuture):
+    """A call submitted through the compiled graph (compiled.py); `get()` gathers it like GroupFuture.
+    The payloads (and the object-store references in them) are held until then."""
+
+    def __init__(self, *, graph, refs, payloads, infos, collect, what: str, timeout: float | None,
+                 record: CallRecord, zero_copy: bool):
+        super().__init__(calls=[], collect=collect, what=what, timeout=timeout, record=record, zero_copy=zero_copy)
+        self._graph, self._refs, self._payloads, self._infos = graph, refs, payloads, infos
+        self._got = False
+
+    @property
+    def refs(self) -> list:
+        return list(self._refs)
+
+    def done(self) -> bool:
+        """True once gathered (a compiled call's answers cannot be polled without reading them)."""
+        return self._got
+
+    def get(self, timeout: float | None = None):
+        from ray.exceptions import RayTaskError
+
+        from rlframe.protocol import receive_zero_copy
+
+        limit = self._timeout if timeout is None else timeout
+        try:
+            with receive_zero_copy() if self._zero_copy else contextlib.nullcontext():
+                answers = self._graph.collect(self._refs, timeout=limit)
+        except RayTaskError as err:
+            raise WorkerCallError(f"{self._what}: rank {self._graph.failed_rank(err)} raised "
+                                  f"{type(err.cause).__name__}: {err.cause}\n{err}") from err
+        except compiled.CompiledCallError as err:
+            if "Timeout" in str(err):
+                raise WorkerTimeoutError(
+                    f"{self._what}: the ranks did not all answer within {limit}s (a rank may be stuck in a "
+                    "collective because another rank failed or took a different path); pass a larger "
+                    "timeout= or check the workers' logs") from err
+            raise WorkerDiedError(f"{self._what}: a rank's process died or its channel closed ({err})") from err
+        finally:
+            self._payloads = None
+        self._got = True
+        outs = [(info, a) for info, a in zip(self._infos, answers) if a is not None]
+        return _gathered(outs, self._collect, self._record, submitted_at=self._submitted_at)
+
+
 # Settings of the collective libraries that must reach every rank on every node (interface names,
 # timeouts, debug levels); the driver's values are forwarded to the workers.
 COMM_ENV_PREFIXES = ("NCCL_", "GLOO_", "TORCH_NCCL_", "TORCH_DISTRIBUTED_", "CUDA_DEVICE_MAX_CONNECTIONS")
@@ -252,8 +296,8 @@ class HostSet:
     def world_size(self) -> int:
         return len(self.actors)
 
-    def compiled_graph(self) -> "compiled.CompiledCalls | None":
-        """The compiled graph a blocking call may take now, or None for the plain path (compiled.py)."""
+    def compiled_graph(self, *, blocking: bool) -> "compiled.CompiledCalls | None":
+        """The compiled graph a call may take now, or None for the plain path (compiled.py)."""
         if not self._graph_allowed:
             return None
         if self.outstanding:  # a plain call still queued or running on these processes goes first
@@ -261,6 +305,8 @@ class HostSet:
             if self.outstanding:
                 return None
         if self._graph is None:
+            if not blocking:  # compiled at a blocking call, after COMPILE_AFTER of them
+                return None
             self._blocking_calls += 1
             if self._blocking_calls <= compiled.COMPILE_AFTER:
                 return None
@@ -361,9 +407,10 @@ class RayWorkerGroup:
         split = mode.split(args, kwargs, infos)
         is_blocking = reg.blocking if blocking is None else blocking
         limit = self.default_timeout if timeout is None else timeout
-        graph = self.hosts.compiled_graph() if is_blocking else None
+        graph = self.hosts.compiled_graph(blocking=is_blocking)
         if graph is not None:
-            return self._call_compiled(graph, method, mode, infos, split, timeout=limit, t0=t0)
+            fut = self._call_compiled(graph, method, mode, infos, split, timeout=limit, t0=t0)
+            return fut.get() if is_blocking else fut
         per_rank = transport.put_shared(split)
         calls = [
             (info, actor.call.remote(self.role, method, *call, info.collect or not mode.collect_ranks_only))
@@ -376,33 +423,18 @@ class RayWorkerGroup:
         return fut.get() if is_blocking else fut
 
     def _call_compiled(self, graph: compiled.CompiledCalls, method: str, mode, infos: list[RankInfo], split: list,
-                       *, timeout: float | None, t0: float):
-        """A blocking call through the processes' compiled graph (compiled.py); same result and errors."""
-        from ray.exceptions import RayTaskError
-
-        from rlframe.protocol import receive_zero_copy
-
+                       *, timeout: float | None, t0: float) -> "CompiledFuture":
+        """A call through the processes' compiled graph (compiled.py); same result and errors."""
         payloads = [None if call is None else
                     compiled.encode((self.role, method, *call, info.collect or not mode.collect_ranks_only))
                     for info, call in zip(infos, transport.inline_or_put(split))]
-        what = self._what(method)
         record = CallRecord(self.name, method, time.perf_counter() - t0, 0.0, 0.0, 0.0)
-        submitted = time.perf_counter()
         try:
-            with receive_zero_copy() if mode.copies_outputs else contextlib.nullcontext():
-                answers = graph.run(payloads, timeout=timeout)
-        except RayTaskError as err:
-            raise WorkerCallError(f"{what}: rank {graph.failed_rank(err)} raised {type(err.cause).__name__}: "
-                                  f"{err.cause}\n{err}") from err
+            refs = graph.submit(payloads)
         except compiled.CompiledCallError as err:
-            if "Timeout" in str(err):
-                raise WorkerTimeoutError(
-                    f"{what}: the ranks did not all answer within {timeout}s (a rank may be stuck in a "
-                    "collective because another rank failed or took a different path); pass a larger "
-                    "timeout= or check the workers' logs") from err
-            raise WorkerDiedError(f"{what}: a rank's process died or its channel closed ({err})") from err
-        outs = [(info, a) for info, a in zip(infos, answers) if a is not None]
-        return _gathered(outs, mode.collect, record, submitted_at=submitted)
+            raise WorkerDiedError(f"{self._what(method)}: a rank's process died or its channel closed ({err})") from err
+        return CompiledFuture(graph=graph, refs=refs, payloads=payloads, infos=infos, collect=mode.collect,
+                              what=self._what(method), timeout=timeout, record=record, zero_copy=mode.copies_outputs)
 
     def shutdown(self) -> None:
         """Stop every process of this group (and of roles colocated with it)."""

@@ -78,14 +78,27 @@ def test_kept_inputs_and_outputs_stay_intact(ray_cluster):
 
 
 def test_outstanding_plain_call_is_not_overtaken(ray_cluster):
+    """A plain call still running keeps the next calls plain (the graph would run them on another
+    thread, beside it); once it is gathered, the graph is compiled and takes every call, blocking or
+    not, in the order they were made."""
+    from rlframe.controller.worker_group import CompiledFuture
+
     pool = ResourcePool(procs_per_node=[2], name="compiled-order")
     group = RayWorkerGroup(pool, KeepingWorker, name="order", timeout=60)
     try:
-        _warm(group, lambda: group.num_threads())
-        fut = group.record("slow", 1.0, blocking=False)
+        for _ in range(compiled.COMPILE_AFTER):
+            group.num_threads()
+        fut = group.record("slow", 1.0, blocking=False)  # plain: no graph yet
         assert group.record("next") == [["slow", "next"]] * 2
+        assert group.hosts._graph is None  # not compiled while the plain call was outstanding
         assert fut.get() == [["slow"]] * 2
-        assert group.record("last") == [["slow", "next", "last"]] * 2
+        assert group.record("third") == [["slow", "next", "third"]] * 2
+        assert group.hosts._graph is not None
+        first = group.record("a", 0.5, blocking=False)
+        second = group.record("b", blocking=False)
+        assert isinstance(first, CompiledFuture) and isinstance(second, CompiledFuture)
+        assert second.get() == [["slow", "next", "third", "a", "b"]] * 2  # gathered out of order
+        assert first.get() == [["slow", "next", "third", "a"]] * 2
     finally:
         group.shutdown()
         pool.release()
