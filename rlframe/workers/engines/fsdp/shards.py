@@ -34,9 +34,24 @@ def _dim_indices(global_shape, mesh, placements) -> list[torch.Tensor]:
     return idx
 
 
+# (global shape, placements, mesh shape, this rank's mesh coordinate) -> Box, which those determine:
+# computing and checking a box was most of `local_shards`, which runs at every weight sync.
+_boxes: dict[tuple, Box] = {}
+
+
 def dtensor_box(t: DTensor, *, name: str = "") -> Box:
     """The Box of `t`'s global tensor that this rank's local tensor covers (asserted contiguous)."""
     shape = tuple(t.shape)
+    mesh = t.device_mesh
+    key = (shape, tuple(t.placements), tuple(mesh.shape), tuple(mesh.get_coordinate() or ()))
+    box = _boxes.get(key)
+    if box is None:
+        box = _boxes[key] = _checked_box(t, shape, name)
+    assert tuple(t.to_local().shape) == box.sizes, (name, t.to_local().shape, box)
+    return box
+
+
+def _checked_box(t: DTensor, shape: tuple[int, ...], name: str) -> Box:
     local_shape, offset = compute_local_shape_and_global_offset(shape, t.device_mesh, t.placements)
     box = Box(tuple(int(o) for o in offset), tuple(int(s) for s in local_shape))
     assert tuple(t.to_local().shape) == box.sizes, (name, t.to_local().shape, box)
