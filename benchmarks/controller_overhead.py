@@ -42,7 +42,7 @@ def main() -> None:
     rows = []
     for n in (1, 4, 8):
         for path in ("plain", "compiled"):
-            os.environ["RLFRAME_COMPILED_CALLS"] = "1" if path == "compiled" else "0"  # read when a group starts
+            os.environ["RLFRAME_COMPILED_CALLS"] = "all" if path == "compiled" else "0"  # read when a group starts
             pool = ResourcePool(procs_per_node=[n], name=f"bench{n}{path}")
             group = RayWorkerGroup(pool, Noop, name=f"noop{n}{path}", timeout=300)
             noop = median_seconds(group.noop, args.calls, warmup=5)

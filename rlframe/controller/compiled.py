@@ -7,8 +7,12 @@ writes the per-rank payloads into one input channel and reads one output channel
 1 ms for 8 ranks (docs/benchmarks.md, "Controller call overhead").
 
 When a call takes it (`RayWorkerGroup.call`): once the processes have served `COMPILE_AFTER`
-blocking calls (a group used once or twice never pays the 0.2-0.5 s compile), every call, blocking
-or not, while no plain non-blocking call on the same processes is outstanding. Ray runs one actor's
+blocking calls (a group used once or twice never pays the 0.2-0.5 s compile), a call, blocking or
+not, whose method took under SHORT_CALL_S the last time it was called, while no plain non-blocking
+call on the same processes is outstanding. Longer calls stay plain because the driver's wait on a
+compiled call is a busy poll: 2.9 s of driver CPU during a 3 s call (a plain call's wait: 0.01 s),
+a core taken from the workers on a 2-core machine. A call made while compiled calls are still
+outstanding on the same processes is compiled too, whatever its length, to keep the order. Ray runs one actor's
 plain calls in submission order on its main thread; a compiled call runs on Ray's system thread of
 the actor and would overtake a plain call still queued there (ranks could then enter collectives
 in different orders). Compiled calls run in submission order among themselves, so calls issued
@@ -28,7 +32,7 @@ and returns on the first error; the other ranks' outputs of that call are read b
 one). A rank that dies, or a call that outlives its timeout, leaves the graph unusable: it is
 dropped and later calls take the plain path, which names the dead rank.
 
-`RLFRAME_COMPILED_CALLS=0` turns the path off (every call plain).
+`RLFRAME_COMPILED_CALLS=0` turns the path off (every call plain), `=all` compiles every call.
 """
 
 from __future__ import annotations
@@ -46,8 +50,17 @@ COMPILE_AFTER = 2
 OUTPUT_INLINE_BYTES = 4 * 1024 * 1024
 
 
-def enabled() -> bool:
-    return os.environ.get("RLFRAME_COMPILED_CALLS", "1").strip().lower() not in ("0", "false", "no", "off")
+# A method whose last call took longer than this (the slowest rank's time inside it) goes plain.
+SHORT_CALL_S = 0.05
+
+
+def mode() -> str:
+    """RLFRAME_COMPILED_CALLS: "short" (default) for calls whose method last took under SHORT_CALL_S,
+    "all" for every call, "off" (or 0) for none."""
+    value = os.environ.get("RLFRAME_COMPILED_CALLS", "short").strip().lower()
+    if value in ("0", "false", "no", "off"):
+        return "off"
+    return "all" if value == "all" else "short"
 
 
 class CompiledCallError(RuntimeError):

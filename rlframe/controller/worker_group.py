@@ -53,6 +53,8 @@ class CallRecord:
     answer_s: float  # from the last submit until every rank answered
     collect_s: float  # driver: deserialize and gather the outputs
     compute_s: float  # the slowest rank's time inside the method
+    key: tuple[str, str] | None = None  # (role, method)
+    durations: dict | None = field(default=None, repr=False)  # where the group keeps key -> compute_s
 
     @property
     def wall_s(self) -> float:
@@ -170,10 +172,12 @@ def _gathered(outs: list[tuple[RankInfo, tuple[Any, float]]], collect, record: C
     """The collected result of every rank's (output, seconds); completes and files `record`."""
     answered = time.perf_counter()
     result = collect([(info, out) for info, (out, _) in outs])
-    if record is not None and _recorders:
+    if record is not None:
         record.answer_s = answered - submitted_at
         record.collect_s = time.perf_counter() - answered
         record.compute_s = max((t for _, (_, t) in outs), default=0.0)
+        if record.durations is not None:
+            record.durations[record.key] = record.compute_s
         for calls in _recorders:
             calls.append(record)
     return result
@@ -270,7 +274,10 @@ class HostSet:
         self.joined = False
         self.outstanding: list[GroupFuture] = []  # non-blocking calls not gathered yet
         self._graph: compiled.CompiledCalls | None = None
-        self._graph_allowed = compiled.enabled()
+        self._graph_mode = compiled.mode()
+        self._graph_allowed = self._graph_mode != "off"
+        self.compiled_outstanding: list[CompiledFuture] = []
+        self.last_compute_s: dict[tuple[str, str], float] = {}  # (role, method) -> slowest rank's time
         self._blocking_calls = 0
         if join:
             self.join()
@@ -296,10 +303,14 @@ class HostSet:
     def world_size(self) -> int:
         return len(self.actors)
 
-    def compiled_graph(self, *, blocking: bool) -> "compiled.CompiledCalls | None":
-        """The compiled graph a call may take now, or None for the plain path (compiled.py)."""
+    def compiled_graph(self, *, blocking: bool, key: tuple[str, str]) -> "compiled.CompiledCalls | None":
+        """The compiled graph the call of `key` (role, method) may take now, or None for the plain
+        path (compiled.py)."""
         if not self._graph_allowed:
             return None
+        self.compiled_outstanding = [f for f in self.compiled_outstanding if not f.done()]
+        if self.compiled_outstanding and self._graph is not None and self._graph.usable:
+            return self._graph  # after compiled calls still running, to keep the order
         if self.outstanding:  # a plain call still queued or running on these processes goes first
             self.outstanding = [f for f in self.outstanding if not f.done()]
             if self.outstanding:
@@ -321,6 +332,8 @@ class HostSet:
                 return None
         if not self._graph.usable:
             self._graph_allowed = False
+            return None
+        if self._graph_mode == "short" and self.last_compute_s.get(key, float("inf")) >= compiled.SHORT_CALL_S:
             return None
         return self._graph
 
@@ -407,9 +420,11 @@ class RayWorkerGroup:
         split = mode.split(args, kwargs, infos)
         is_blocking = reg.blocking if blocking is None else blocking
         limit = self.default_timeout if timeout is None else timeout
-        graph = self.hosts.compiled_graph(blocking=is_blocking)
+        graph = self.hosts.compiled_graph(blocking=is_blocking, key=(self.role, method))
         if graph is not None:
             fut = self._call_compiled(graph, method, mode, infos, split, timeout=limit, t0=t0)
+            if not is_blocking:
+                self.hosts.compiled_outstanding.append(fut)
             return fut.get() if is_blocking else fut
         per_rank = transport.put_shared(split)
         calls = [
@@ -417,7 +432,8 @@ class RayWorkerGroup:
             for info, actor, call in zip(infos, self.hosts.actors, per_rank)
             if call is not None
         ]
-        record = CallRecord(self.name, method, time.perf_counter() - t0, 0.0, 0.0, 0.0)
+        record = CallRecord(self.name, method, time.perf_counter() - t0, 0.0, 0.0, 0.0, (self.role, method),
+                            self.hosts.last_compute_s)
         fut = GroupFuture(calls=calls, collect=mode.collect, what=self._what(method), timeout=limit, record=record,
                           zero_copy=mode.copies_outputs, hosts=None if is_blocking else self.hosts)
         return fut.get() if is_blocking else fut
@@ -428,7 +444,8 @@ class RayWorkerGroup:
         payloads = [None if call is None else
                     compiled.encode((self.role, method, *call, info.collect or not mode.collect_ranks_only))
                     for info, call in zip(infos, transport.inline_or_put(split))]
-        record = CallRecord(self.name, method, time.perf_counter() - t0, 0.0, 0.0, 0.0)
+        record = CallRecord(self.name, method, time.perf_counter() - t0, 0.0, 0.0, 0.0, (self.role, method),
+                            self.hosts.last_compute_s)
         try:
             refs = graph.submit(payloads)
         except compiled.CompiledCallError as err:

@@ -1,6 +1,10 @@
 """The compiled call path (rlframe/controller/compiled.py): once a group's processes have served a
-few blocking calls, blocking calls go through one Ray compiled graph. Same results, same errors,
-nothing kept on either side aliases a channel, and plain calls still queued are never overtaken."""
+few blocking calls, calls go through one Ray compiled graph. Same results, same errors, nothing kept
+on either side aliases a channel, and plain calls still queued are never overtaken. Groups here are
+made with RLFRAME_COMPILED_CALLS=all (every call compiled); the default compiles short calls only."""
+
+import contextlib
+import os
 
 import pytest
 import torch
@@ -9,6 +13,20 @@ from rlframe.controller import RayWorkerGroup, ResourcePool, WorkerCallError, Wo
 from rlframe.controller import compiled
 from rlframe.protocol import DataProto
 from tests.controller.workers_for_tests import EchoWorker, FaultyWorker, KeepingWorker
+
+
+@contextlib.contextmanager
+def compiled_mode(value="all"):
+    """RLFRAME_COMPILED_CALLS while groups are made (read once per set of processes)."""
+    old = os.environ.get("RLFRAME_COMPILED_CALLS")
+    os.environ["RLFRAME_COMPILED_CALLS"] = value
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop("RLFRAME_COMPILED_CALLS")
+        else:
+            os.environ["RLFRAME_COMPILED_CALLS"] = old
 
 
 def _warm(group, call):
@@ -21,7 +39,8 @@ def _warm(group, call):
 @pytest.fixture(scope="module")
 def echo4(ray_cluster):
     pool = ResourcePool(procs_per_node=[4], name="compiled-echo")
-    group = RayWorkerGroup(pool, EchoWorker, name="cecho", kwargs={"mesh": {"dp": 2, "tp": 2}}, timeout=120)
+    with compiled_mode():
+        group = RayWorkerGroup(pool, EchoWorker, name="cecho", kwargs={"mesh": {"dp": 2, "tp": 2}}, timeout=120)
     _warm(group, lambda: group.whoami(0))
     yield group
     group.shutdown()
@@ -59,7 +78,8 @@ def test_kept_inputs_and_outputs_stay_intact(ray_cluster):
     """Outputs the driver keeps (numpy, tensors, DataProtos) and inputs a worker keeps survive many
     later calls, and those calls do not wait for them (a kept view of a channel would block it)."""
     pool = ResourcePool(procs_per_node=[2], name="compiled-keep")
-    group = RayWorkerGroup(pool, KeepingWorker, name="keep", timeout=60)
+    with compiled_mode():
+        group = RayWorkerGroup(pool, KeepingWorker, name="keep", timeout=60)
     try:
         _warm(group, lambda: group.num_threads())
         assert group.num_threads() == [1, 1]  # torch's per-thread count, set on the graph's thread too
@@ -84,7 +104,8 @@ def test_outstanding_plain_call_is_not_overtaken(ray_cluster):
     from rlframe.controller.worker_group import CompiledFuture
 
     pool = ResourcePool(procs_per_node=[2], name="compiled-order")
-    group = RayWorkerGroup(pool, KeepingWorker, name="order", timeout=60)
+    with compiled_mode():
+        group = RayWorkerGroup(pool, KeepingWorker, name="order", timeout=60)
     try:
         for _ in range(compiled.COMPILE_AFTER):
             group.num_threads()
@@ -107,7 +128,8 @@ def test_outstanding_plain_call_is_not_overtaken(ray_cluster):
 @pytest.fixture()
 def faulty(ray_cluster):
     pool = ResourcePool(procs_per_node=[3], name="compiled-faulty")
-    group = RayWorkerGroup(pool, FaultyWorker, name="cflaky")
+    with compiled_mode():
+        group = RayWorkerGroup(pool, FaultyWorker, name="cflaky")
     _warm(group, lambda: group.fail_on(-1, timeout=60))
     yield group
     group.shutdown()
@@ -130,6 +152,34 @@ def test_dead_rank_and_timeout_leave_the_compiled_path(faulty):
     assert faulty.fail_on(-1, timeout=60) == [0, 1, 2]  # plain path from now on
     with pytest.raises(WorkerDiedError, match=r"worker group 'cflaky'.*rank 2 died"):
         faulty.die_on(2, timeout=60)
+
+
+def test_default_compiles_short_calls_only(ray_cluster):
+    """The driver's wait on a compiled call is a busy poll, so by default only methods that last
+    took under SHORT_CALL_S go compiled; a call made while compiled ones are outstanding follows
+    them (order)."""
+    from rlframe.controller.worker_group import CompiledFuture
+
+    pool = ResourcePool(procs_per_node=[2], name="compiled-short")
+    with compiled_mode("short"):
+        group = RayWorkerGroup(pool, KeepingWorker, name="short", timeout=60)
+    try:
+        _warm(group, lambda: group.num_threads())
+        short = group.num_threads(blocking=False)
+        assert isinstance(short, CompiledFuture) and short.get() == [1, 1]  # short: compiled
+        slow = 2 * compiled.SHORT_CALL_S
+        assert not isinstance(group.record("a", slow, blocking=False), CompiledFuture)  # not known yet
+        group.record("b", slow)  # waits behind "a" (plain, in order); "record" is now known to be long
+        assert not isinstance(group.record("c", slow, blocking=False), CompiledFuture)
+        first = group.num_threads(blocking=False)  # plain too: "c" is still running
+        assert not isinstance(first, CompiledFuture) and first.get() == [1, 1]
+        quick = group.num_threads(blocking=False)
+        assert isinstance(quick, CompiledFuture)
+        follows = group.record("d", slow, blocking=False)  # long, but "quick" may still be outstanding
+        assert quick.get() == [1, 1] and follows.get() == [["a", "b", "c", "d"]] * 2
+    finally:
+        group.shutdown()
+        pool.release()
 
 
 def test_switch_off(monkeypatch, ray_cluster):
