@@ -9,10 +9,10 @@ import os
 import pytest
 import torch
 
-from rlframe.controller import RayWorkerGroup, ResourcePool, WorkerCallError, WorkerDiedError, WorkerTimeoutError
+from rlframe.controller import RayWorkerGroup, ResourcePool, WorkerDiedError, WorkerTimeoutError
 from rlframe.controller import compiled
 from rlframe.protocol import DataProto
-from tests.controller.workers_for_tests import EchoWorker, FaultyWorker, KeepingWorker
+from tests.controller.workers_for_tests import EchoWorker, FaultyWorker, KeepingWorker, check_rank_one_raises
 
 
 @contextlib.contextmanager
@@ -137,11 +137,7 @@ def faulty(ray_cluster):
 
 
 def test_raising_rank_is_named_and_the_path_stays(faulty):
-    with pytest.raises(WorkerCallError) as err:
-        faulty.fail_on(1, timeout=60)
-    msg = str(err.value)
-    assert "worker group 'cflaky'" in msg and "method 'fail_on'" in msg and "rank 1" in msg
-    assert "ValueError: bad input on rank 1" in msg
+    check_rank_one_raises(faulty)
     assert faulty.fail_on(-1, timeout=60) == [0, 1, 2] and faulty.hosts._graph.usable
 
 

@@ -8,7 +8,7 @@ from rlframe.controller import (
     WorkerTimeoutError,
 )
 from rlframe.protocol import DataProto
-from tests.controller.workers_for_tests import EchoWorker, FaultyWorker
+from tests.controller.workers_for_tests import EchoWorker, FaultyWorker, check_rank_one_raises
 
 
 @pytest.fixture(scope="module")
@@ -107,11 +107,7 @@ def faulty(ray_cluster):
 
 
 def test_raising_worker_names_group_role_rank(faulty):
-    with pytest.raises(WorkerCallError) as err:
-        faulty.fail_on(1, timeout=60)
-    msg = str(err.value)
-    assert "worker group 'flaky'" in msg and "method 'fail_on'" in msg and "rank 1" in msg
-    assert "ValueError: bad input on rank 1" in msg
+    check_rank_one_raises(faulty)
     assert faulty.later(10).get(timeout=60) == [10, 11, 12]  # the group is still usable
 
 

@@ -119,6 +119,19 @@ class FaultyWorker(Worker):
         return x + self.rank
 
 
+def check_rank_one_raises(group) -> None:
+    """A FaultyWorker group's `fail_on(1)` raises WorkerCallError naming the group, method, rank and error."""
+    import pytest
+
+    from rlframe.controller import WorkerCallError
+
+    with pytest.raises(WorkerCallError) as err:
+        group.fail_on(1, timeout=60)
+    msg = str(err.value)
+    assert f"worker group {group.name!r}" in msg and "method 'fail_on'" in msg and "rank 1" in msg
+    assert "ValueError: bad input on rank 1" in msg
+
+
 class KeepingWorker(Worker):
     """Keeps what it is sent and records the order of calls (the compiled call path's tests)."""
 
