@@ -103,13 +103,15 @@ def _wait_all(calls: list[tuple[RankInfo, Any]], *, timeout: float | None, what:
             _fetch(ready, pending, results, what=what)
         elif remaining is not None and remaining <= step:
             ranks = sorted(info.rank for info in pending.values())
-            raise WorkerTimeoutError(
-                f"{what}: ranks {ranks} did not answer within {timeout}s (a rank may be stuck in a "
-                "collective because another rank failed or took a different path); pass a larger "
-                "timeout= or check the workers' logs"
-            )
+            raise _timeout_error(what, f"ranks {ranks} did not answer", timeout)
         interval = min(1.0, interval * 2)
     return [results[r] for r in sorted(results)]
+
+
+def _timeout_error(what: str, who: str, timeout: float | None) -> WorkerTimeoutError:
+    return WorkerTimeoutError(
+        f"{what}: {who} within {timeout}s (a rank may be stuck in a collective because another rank "
+        "failed or took a different path); pass a larger timeout= or check the workers' logs")
 
 
 def _fetch(ready: list, pending: dict, results: dict, *, what: str) -> None:
@@ -215,14 +217,10 @@ class CompiledFuture(GroupFuture):
                                   f"{type(err.cause).__name__}: {err.cause}\n{err}") from err
         except compiled.CompiledCallError as err:
             if "Timeout" in str(err):
-                raise WorkerTimeoutError(
-                    f"{self._what}: the ranks did not all answer within {limit}s (a rank may be stuck in a "
-                    "collective because another rank failed or took a different path); pass a larger "
-                    "timeout= or check the workers' logs") from err
+                raise _timeout_error(self._what, "the ranks did not all answer", limit) from err
             raise WorkerDiedError(f"{self._what}: a rank's process died or its channel closed ({err})") from err
         finally:
-            self._payloads = None
-        self._got = True
+            self._payloads, self._got = None, True  # answered or failed, the call is no longer outstanding
         outs = [(info, a) for info, a in zip(self._infos, answers) if a is not None]
         return _gathered(outs, self._collect, self._record, submitted_at=self._submitted_at)
 
