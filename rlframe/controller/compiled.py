@@ -1,4 +1,4 @@
-"""The compiled call path: one Ray compiled graph per set of worker processes, for blocking calls.
+"""The compiled call path: one Ray compiled graph per set of worker processes, for short calls.
 
 A plain group call submits one Ray actor task per rank: about 0.2-0.3 ms of driver time each, and
 every process wakes its gRPC threads to receive it; on 8 ranks sharing 2 cores a no-op call took
@@ -11,12 +11,14 @@ blocking calls (a group used once or twice never pays the 0.2-0.5 s compile), a 
 not, whose method took under SHORT_CALL_S the last time it was called, while no plain non-blocking
 call on the same processes is outstanding. Longer calls stay plain because the driver's wait on a
 compiled call is a busy poll: 2.9 s of driver CPU during a 3 s call (a plain call's wait: 0.01 s),
-a core taken from the workers on a 2-core machine. A call made while compiled calls are still
-outstanding on the same processes is compiled too, whatever its length, to keep the order. Ray runs one actor's
-plain calls in submission order on its main thread; a compiled call runs on Ray's system thread of
-the actor and would overtake a plain call still queued there (ranks could then enter collectives
-in different orders). Compiled calls run in submission order among themselves, so calls issued
-together (`blocking=False`) behave as on the plain path.
+a core taken from the workers on a 2-core machine.
+
+Order: Ray runs one actor's plain calls in submission order on its main thread; a compiled call
+runs on Ray's system thread of the actor and would overtake a plain call still queued there (ranks
+could then enter collectives in different orders), hence the wait for outstanding plain calls.
+Compiled calls run in submission order among themselves, so a call made while compiled calls are
+still outstanding is compiled too, whatever its length, and calls issued together
+(`blocking=False`) behave as on the plain path.
 
 Payload of a rank: `(role, method, args, kwargs, collect)` pickled by the driver (ObjectRefs set
 aside and sent natively beside the bytes), or None where the rank is not called; the answer is

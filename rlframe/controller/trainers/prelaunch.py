@@ -2,7 +2,7 @@
 processes' own start (a Python process importing torch, transformers, vLLM and the worker classes)
 while the driver loads the tokenizer and the data.
 
-    run_training:  importer = import_in_background(trainer_class, cfg)   # thread
+    run_training:  importer = import_in_background(trainer_class, cfg)   # a thread
                    start Ray                                             # main thread, meanwhile
                    launch_hosts(cfg)      # worker processes start, nobody waits for them yet
                    trainer_cls = importer.result()
@@ -16,8 +16,8 @@ placing its roles) are stopped by `discard_launched()`.
 
 from __future__ import annotations
 
-import threading
-from typing import Any, Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Callable
 
 from rlframe.config.schema import RunConfig
 from rlframe.controller.resource_pool import ResourcePool
@@ -26,31 +26,12 @@ from rlframe.controller.worker_group import HostSet
 _launched: dict[tuple[str, str], tuple[ResourcePool, HostSet]] = {}
 
 
-class Background:
-    """A function run on a thread; result() joins it and re-raises what it raised."""
-
-    def __init__(self, fn: Callable, *args):
-        self._value: Any = None
-        self._error: BaseException | None = None
-
-        def run():
-            try:
-                self._value = fn(*args)
-            except BaseException as err:  # re-raised in the caller's thread
-                self._error = err
-
-        self._thread = threading.Thread(target=run, name="rlframe-import", daemon=True)
-        self._thread.start()
-
-    def result(self):
-        self._thread.join()
-        if self._error is not None:
-            raise self._error
-        return self._value
-
-
-def import_in_background(fn: Callable, *args) -> Background:
-    return Background(fn, *args)
+def import_in_background(fn: Callable, *args) -> Future:
+    """Run `fn(*args)` on a thread; the future's result() waits for it and re-raises what it raised."""
+    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rlframe-import")
+    future = pool.submit(fn, *args)
+    pool.shutdown(wait=False)  # the thread ends with fn; nothing else is submitted
+    return future
 
 
 def role_pool(cfg: RunConfig, procs: int, name: str) -> ResourcePool:
