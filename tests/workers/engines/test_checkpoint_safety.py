@@ -47,7 +47,9 @@ def _load_error(engine, ck) -> str | None:
 
 
 def _attack(rank, ck, write) -> None:
-    """Rank 0 replaces a file and re-writes the manifest; the others wait for it."""
+    """Rank 0 replaces a file and re-writes the manifest once every rank has finished the last load;
+    the others wait for it."""
+    torch.distributed.barrier()
     if rank == 0:
         write()
         write_manifest(ck)
