@@ -10,7 +10,7 @@
 
 Files: config.py (settings), base.py (interface), batch.py (contract batch in/out),
 vllm_engine.py, hf_engine.py (backends), weight_sync.py (which slice a rank needs, assembling it),
-kernel_format.py (GPU in-place path), lora.py (adapter settings, shapes, per-rank boxes; the
+kernel_format.py (in-place weight sync), lora.py (adapter settings, shapes, per-rank boxes; the
 merged-weights fallback), logprob_check.py (rollout vs training log-probs).
 """
 

@@ -1,12 +1,12 @@
-"""GPU weight-sync path: this rank's HF shards -> vLLM kernel-format tensors, copied in place.
+"""The default weight-sync path: this rank's HF shards -> vLLM kernel-format tensors, copied in place.
 
-On CUDA, vLLM's unquantised linear layers keep the checkpoint's (out, in) layout, fused per TP rank:
+vLLM's unquantised linear layers keep the checkpoint's (out, in) layout, fused per TP rank:
 `self_attn.qkv_proj` = cat(q_shard, k_shard, v_shard) and `mlp.gate_up_proj` = cat(gate_shard,
 up_shard) on dim 0 (biases alike); embed_tokens/lm_head hold the rank's rows of the vocabulary
 padded to a multiple of 64, so the received rows fill the parameter's leading rows. Copying into
 the existing parameters (`param.copy_`, what `reload_weights(is_checkpoint_format=False)` does)
-keeps the storage CUDA graphs captured. This path cannot run on the CPU backend (it repacks
-weights), so only `KernelFormatFuser` (pure tensor code) is tested there.
+keeps the storage CUDA graphs captured. On CPU the engine keeps the layers on these parameters
+(vllm_engine._plain_cpu_linears), so the same path runs and is tested there.
 """
 
 from __future__ import annotations

@@ -29,8 +29,10 @@ def engines(tmp_path_factory):
     vllm_engine.shutdown()
 
 
-def _load_both(vllm_engine, hf_engine, state):
-    vllm_engine.update_weights(piece_buckets(state, vllm_engine.needed_boxes))
+def _load_both(vllm_engine, hf_engine, state, *, kernel_format: bool = True):
+    with vllm_engine.weight_update(kernel_format=kernel_format) as consume:
+        for bucket in piece_buckets(state, vllm_engine.needed_boxes):
+            consume(bucket)
     hf_engine.update_weights(state)
 
 
@@ -61,12 +63,13 @@ def test_rollout_log_probs_match_training_forward(engines):
         assert m["rollout/logprob_diff_max"] < 1e-2, m
 
 
-def test_weight_update_changes_outputs_and_matches_transformers(engines):
+@pytest.mark.parametrize("kernel_format", [True, False], ids=["in_place", "layerwise_reload"])
+def test_weight_update_changes_outputs_and_matches_transformers(engines, kernel_format):
     vllm_engine, hf_engine, original = engines
     prompts = prompt_batch(hf_engine.tokenizer, 16)
     before = vllm_engine.generate(prompts, GREEDY).batch["responses"]
     try:
-        _load_both(vllm_engine, hf_engine, perturbed(original, seed=1))
+        _load_both(vllm_engine, hf_engine, perturbed(original, seed=1), kernel_format=kernel_format)
         stats = vllm_engine.last_sync_stats
         assert stats.num_params == len(original) and stats.bytes_resident == sum(
             t.numel() * t.element_size() for t in original.values())
