@@ -500,9 +500,9 @@ def _plain_cpu_linears() -> None:
     the weight and drops the parameter, so every weight update had to go through the layer-wise
     reload, which restores and repacks every layer (0.034 s of each step's sync on the 0.8M demo
     model, most of it creating oneDNN handles); with the weights read in place, an update is a copy
-    (0.013 s). Generation speed, measured alone with 128 samples per engine, 1 thread: demo model
-    58 ms vs 61 ms with oneDNN, `12m` preset (8 tokens) 835 ms vs 755 ms; the sync saving
-    outweighs the 12m's slower generation (docs/benchmarks.md)."""
+    (0.013 s). Generation alone, 128 samples per engine on 1 thread: demo model 58 vs 61 ms with
+    oneDNN, `12m` preset 1.53 vs 1.45 s (16 tokens); in a dp2 GRPO step the 12m's sync went from
+    0.16 to 0.10 s ("rlframe vs TRL" in docs/benchmarks.md)."""
     import vllm.model_executor.layers.utils as layer_utils
 
     def plain(layer, remove_weight: bool) -> None:
