@@ -3,8 +3,8 @@
 Workload per model: P prompts (random characters, 16-32 long, seeded) x n samples x T new tokens,
 temperature 1.0, EOS ignored so every sample produces exactly T tokens. tokens/s = P*n*T / wall
 seconds of one `generate` call (after one small warm-up call). Weight sync = one
-`update_weights` of the full state dict at TP1 (HF names, checkpoint format; vLLM's layer-wise
-reload path on CPU), median of 3. Its peak extra memory is measured on the receiving side
+`update_weights` of the full state dict at TP1 (copied in place into vLLM's kernel-format
+tensors), median of 3. Its peak extra memory is measured on the receiving side
 (`WeightSyncStats`): bytes held by the assembler and the loader at bucket boundaries, and the
 process's peak resident memory during the update above its level at the start.
 

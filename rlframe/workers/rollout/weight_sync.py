@@ -3,8 +3,8 @@
 Dataflow (one training step -> generation):
 
   resharding executor --consumer(pieces)--> ShardAssembler --complete params--> engine loader
-  pieces: [(hf_name, Box, tensor)]           per-parameter buffer           vLLM reload (CPU) or
-  (a bucket; any split of the needed box)   filled until the box is covered  in-place copy (GPU)
+  pieces: [(hf_name, Box, tensor)]           per-parameter buffer           in-place copy (default)
+  (a bucket; any split of the needed box)   filled until the box is covered  or vLLM's layer-wise reload
 
 `vllm_tp_box` says which Box of every HF parameter vLLM's tensor-parallel rank reads. It is
 Megatron's split (`rlframe.resharding.layout.hf_tp_split_dim`) except in two places where vLLM
@@ -16,7 +16,7 @@ differs, and the generation layout must follow vLLM there:
   r // (tp / num_kv_heads).
 
 Memory: a parameter is held from its first piece until its box is complete, and vLLM's layer-wise
-reload keeps the tensors of a layer until all of that layer's weights arrived; with pieces ordered
+reload (kernel_format=False) keeps the tensors of a layer until all of that layer's weights arrived; with pieces ordered
 by layer (the planner's order) that is about one decoder layer. For vLLM's checkpoint-format
 loader at TP > 1 the buffer has the parameter's full shape (the loader narrows it to the rank's
 slice itself) but only the rank's box is written: the rest is `torch.empty`, whose untouched pages
