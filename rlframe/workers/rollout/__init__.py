@@ -9,7 +9,8 @@
         execute_plan(plan, local=adapter_shards, consumer=consume)
 
 Files: config.py (settings), base.py (interface), batch.py (contract batch in/out),
-vllm_engine.py, hf_engine.py (backends), weight_sync.py (which slice a rank needs, assembling it),
+vllm_engine.py, hf_engine.py (backends), vllm_adapt.py (vLLM inside a training worker: process group,
+replicas, CPU settings), weight_sync.py (which slice a rank needs, assembling it),
 kernel_format.py (in-place weight sync), lora.py (adapter settings, shapes, per-rank boxes; the
 merged-weights fallback), logprob_check.py (rollout vs training log-probs).
 """

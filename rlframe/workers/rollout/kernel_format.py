@@ -6,7 +6,7 @@ up_shard) on dim 0 (biases alike); embed_tokens/lm_head hold the rank's rows of 
 padded to a multiple of 64, so the received rows fill the parameter's leading rows. Copying into
 the existing parameters (`param.copy_`, what `reload_weights(is_checkpoint_format=False)` does)
 keeps the storage CUDA graphs captured. On CPU the engine keeps the layers on these parameters
-(vllm_engine._plain_cpu_linears), so the same path runs and is tested there.
+(vllm_adapt.plain_cpu_linears), so the same path runs and is tested there.
 """
 
 from __future__ import annotations

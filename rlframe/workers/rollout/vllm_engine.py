@@ -12,7 +12,7 @@ Weight sync (`weight_update()` / `update_weights()`), two paths:
   (`qkv_proj`, `gate_up_proj`, padded vocab) and copied in place into the parameters the forward
   reads (`kernel_format.py`); on GPU these are the tensors CUDA graphs captured. On CPU it works
   because the engine keeps vLLM's linear layers on plain `F.linear` over their parameters
-  (`_plain_cpu_linears`) instead of vLLM's oneDNN copies of them.
+  (`vllm_adapt.plain_cpu_linears`) instead of vLLM's oneDNN copies of them.
 - checkpoint format (`kernel_format=False`): HF names, and per parameter a tensor of the full HF
   shape with this rank's box written (`weight_sync.ShardAssembler`), fed through vLLM's layer-wise
   reload (`vllm/model_executor/model_loader/reload/`, the code behind
@@ -57,7 +57,6 @@ import logging
 import os
 import time
 from contextlib import contextmanager
-from pathlib import Path
 from typing import Any, Iterator
 
 import torch
@@ -66,6 +65,14 @@ from rlframe.workers.rollout.base import Consumer, RolloutEngine
 from rlframe.workers.rollout.batch import assemble_batch, read_prompts, to_data_proto, unpad_prompts
 from rlframe.workers.rollout.config import RolloutConfig, SamplingConfig
 from rlframe.workers.rollout.lora import PEFT_PREFIX, AdapterSpec, lora_param_shapes, vllm_max_lora_rank
+from rlframe.workers.rollout.vllm_adapt import (
+    distributed_kwargs,
+    eager_token_ranks,
+    own_pace_steps,
+    plain_cpu_linears,
+    remove_stale_cpu_shm,
+    replicas_at_own_pace,
+)
 from rlframe.workers.rollout.weight_sync import (
     ShardAssembler,
     WeightSyncStats,
@@ -94,31 +101,6 @@ def hf_param_shapes(model_path: str) -> tuple[dict[str, tuple[int, ...]], Any]:
     return {n: tuple(p.shape) for n, p in model.named_parameters()}, cfg
 
 
-def _distributed_kwargs(tp: int) -> dict:
-    """Executor settings for the calling process group (external_launcher when it has > 1 rank)."""
-    import torch.distributed as dist
-
-    world = dist.get_world_size() if dist.is_initialized() else 1
-    if tp > 1 and world == 1:
-        raise ValueError(
-            f"rollout.tensor_parallel_size={tp} needs {tp} processes in an initialised torch.distributed group "
-            "(every rank of the generation group builds one engine); init the group first or use tp=1"
-        )
-    if world == 1:
-        return {}
-    if world % tp:
-        raise ValueError(f"world_size({world}) % rollout.tensor_parallel_size({tp}) != 0: ranks cannot form TP groups")
-    for key in ("RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
-        if key not in os.environ:
-            raise ValueError(f"vLLM's external_launcher reads {key} from the environment; set it for every rank")
-    kw = {"distributed_executor_backend": "external_launcher", "tensor_parallel_size": tp}
-    if world // tp > 1:
-        # Several engines in one group: vLLM treats them as data-parallel replicas, each with its own
-        # prompts (checked by hand with 2 ranks at tp=1 on CPU; not in the test suite).
-        kw["data_parallel_size"] = world // tp
-    return kw
-
-
 def llm_kwargs(model_path: str, config: RolloutConfig, *, is_cpu: bool, sleep_supported: bool) -> dict:
     """The `vllm.LLM(...)` keywords for `config` in the calling process group."""
     kwargs = dict(
@@ -140,43 +122,9 @@ def llm_kwargs(model_path: str, config: RolloutConfig, *, is_cpu: bool, sleep_su
         kwargs["block_size"] = config.block_size
     if config.lora_rank > 0:
         kwargs.update(enable_lora=True, max_lora_rank=vllm_max_lora_rank(config.lora_rank), max_loras=1)
-    kwargs.update(_distributed_kwargs(config.tensor_parallel_size))
+    kwargs.update(distributed_kwargs(config.tensor_parallel_size))
     kwargs.update(config.vllm_kwargs)
     return kwargs
-
-
-def remove_stale_cpu_shm(shm_dir: str = "/dev/shm") -> list[str]:
-    """Unlink vLLM CPU shared-memory segments that no live process has mapped; return their names.
-
-    vLLM's CPU backend gives a TP group's segments a name made of the TP ranks only under the
-    external launcher (e.g. `-tp:0-[0-1]-cpushm_0`), so a segment left by a killed run makes the
-    next TP group on the machine fail ("create shm in SHMManager failed. errno: 17"). Segments in
-    use stay mapped by their processes (/proc/*/maps) and are left alone. Rank 0 cleans, then all
-    ranks of the group wait for it. Two TP groups starting at the same moment on one machine still
-    share names (a vLLM limitation of the external launcher on CPU).
-    """
-    import torch.distributed as dist
-
-    removed = []
-    if not dist.is_initialized() or dist.get_rank() == 0:
-        candidates = [p for p in Path(shm_dir).glob("*cpushm*") if p.is_file()]
-        if candidates:
-            mapped = set()
-            for maps in Path("/proc").glob("[0-9]*/maps"):
-                try:
-                    text = maps.read_text()
-                except OSError:  # the process ended or is not ours to read
-                    continue
-                mapped.update(line.rsplit("/", 1)[-1] for line in text.splitlines() if "cpushm" in line)
-            for p in candidates:
-                if p.name not in mapped:
-                    p.unlink(missing_ok=True)
-                    removed.append(p.name)
-    if removed:
-        logger.warning("removed %d stale vLLM CPU shared-memory segment(s): %s", len(removed), removed)
-    if dist.is_initialized() and dist.get_world_size() > 1:
-        dist.barrier()
-    return removed
 
 
 class VLLMRolloutEngine(RolloutEngine):
@@ -200,8 +148,8 @@ class VLLMRolloutEngine(RolloutEngine):
         self.tp = config.tensor_parallel_size
         self.is_cpu = current_platform.is_cpu()
         if self.is_cpu:
-            _eager_token_ranks()
-            _plain_cpu_linears()
+            eager_token_ranks()
+            plain_cpu_linears()
         self.sleep_supported = current_platform.is_sleep_mode_available()
         kwargs = llm_kwargs(self.model_path, config, is_cpu=self.is_cpu, sleep_supported=self.sleep_supported)
         # vLLM's CPU worker replaces torch.set_num_threads process-wide; the training engine in this
@@ -215,7 +163,7 @@ class VLLMRolloutEngine(RolloutEngine):
             self.llm = LLM(**kwargs)
         finally:
             torch.set_num_threads = set_num_threads
-        self._own_pace = _replicas_at_own_pace(self.llm)
+        self._own_pace = replicas_at_own_pace(self.llm)
         self.tokenizer = self.llm.get_tokenizer()
         self.pad_token_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         self._runner = self.llm.collective_rpc(_model_runner)[0]
@@ -253,7 +201,7 @@ class VLLMRolloutEngine(RolloutEngine):
         else:
             params = [self._sampling_params(sampling, sampling.seed + b * sampling.n) for b in range(len(token_lists))]
         t0 = time.perf_counter()
-        with _own_pace_steps(self._own_pace):
+        with own_pace_steps(self._own_pace):
             outputs = self.llm.generate([TokensPrompt(prompt_token_ids=t) for t in token_lists],
                                         sampling_params=params, use_tqdm=False, lora_request=self._lora_request)
         gen_s = time.perf_counter() - t0
@@ -444,75 +392,6 @@ class VLLMRolloutEngine(RolloutEngine):
         if getattr(self, "llm", None) is not None:
             self._runner = None
             del self.llm
-
-
-def _count_at_least(x: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
-    return (x >= values).sum(-1)
-
-
-def _eager_token_ranks() -> None:
-    """On CPU, compute the rank of each sampled token among the vocabulary (which vLLM returns with
-    every logprob) eagerly. vLLM 0.32 wraps that one comparison in `torch.compile` (inductor), which
-    compiled at the first generation with logprobs in every process: 2.4 s of each run's start-up
-    (tests/workers/rollout/test_vllm_engine.py checks that nothing compiles). Eager, the comparison makes a temporary
-    (tokens x vocabulary) bool tensor, which is what the compile avoided on GPUs and costs nothing
-    here. The ranks themselves are not used by rlframe (it reads the logprob values)."""
-    import vllm.v1.sample.sampler as sampler
-
-    sampler.batched_count_greater_than = _count_at_least
-
-
-def _replicas_at_own_pace(llm) -> bool:
-    """Let this engine step at its own pace when it is one of several data-parallel replicas of a
-    dense model; True if it does.
-
-    Under the external launcher vLLM keeps data-parallel replicas in lockstep: every scheduler step
-    all-reduces over the replicas whether any still has requests (one that has none runs dummy
-    forwards meanwhile) and the step's batch shape. That is what a mixture-of-experts layer needs
-    (its expert all-to-all spans the replicas in every forward); a dense model's forward has no
-    collective across replicas, so the lockstep only makes every step wait for the slowest replica
-    and pays two gloo all-reduces (measured on the 0.8M demo model, 2 replicas x 128 samples on
-    CPU: 74 ms per generate in lockstep, 61-66 ms at own pace). Mixture-of-experts models keep it."""
-    engine = llm.llm_engine
-    if not getattr(engine, "external_launcher_dp", False) or engine.model_config.is_moe:
-        return False
-    engine.dp_group = None  # has_unfinished_requests() then asks only this engine
-    return True
-
-
-@contextmanager
-def _own_pace_steps(own_pace: bool):
-    """Inside, the model runner skips the per-step batch-shape all-reduce across replicas."""
-    if not own_pace:
-        yield
-        return
-    from vllm.v1.worker.dp_utils import skip_dp_coordination
-
-    with skip_dp_coordination():
-        yield
-
-
-def _plain_cpu_linears() -> None:
-    """Keep vLLM's unquantised linear layers (and the LM head) on `F.linear` over their own weight
-    on CPU.
-
-    vLLM 0.32's CPU backend otherwise gives each layer a oneDNN handle holding a repacked copy of
-    the weight and drops the parameter, so every weight update had to go through the layer-wise
-    reload, which restores and repacks every layer (0.034 s of each step's sync on the 0.8M demo
-    model, most of it creating oneDNN handles); with the weights read in place, an update is a copy
-    (0.013 s). Generation alone, 128 samples per engine on 1 thread: demo model 58 vs 61 ms with
-    oneDNN, `12m` preset 1.53 vs 1.45 s (16 tokens); in a dp2 GRPO step the 12m's sync went from
-    0.16 to 0.10 s ("rlframe vs TRL" in docs/benchmarks.md)."""
-    import vllm.model_executor.layers.utils as layer_utils
-
-    def plain(layer, remove_weight: bool) -> None:
-        layer.cpu_linear = _plain_linear
-
-    layer_utils.dispatch_cpu_unquantized_gemm = plain
-
-
-def _plain_linear(x, weight, bias=None):
-    return torch.nn.functional.linear(x, weight, bias)
 
 
 def _serve_from_memory(worker_manager, engine: VLLMRolloutEngine) -> None:

@@ -48,7 +48,7 @@ def test_greedy_matches_transformers_on_16_prompts(engines):
 
 def test_rollout_log_probs_match_training_forward(engines):
     """... and asking for them compiles nothing (vLLM's compiled token-rank op, 2.4 s at the first
-    generation of every process, runs eagerly on CPU: vllm_engine._eager_token_ranks)."""
+    generation of every process, runs eagerly on CPU: vllm_adapt.eager_token_ranks)."""
     from torch._dynamo.utils import counters
 
     vllm_engine, hf_engine, _ = engines

@@ -1,6 +1,6 @@
 """Two vLLM data-parallel replicas (tp=1) in one gloo group of 2 ranks, as in a dp2 hybrid engine.
 
-For a dense model each replica steps at its own pace (vllm_engine._replicas_at_own_pace): rank 1
+For a dense model each replica steps at its own pace (vllm_adapt.replicas_at_own_pace): rank 1
 has one short request and rank 0 many long ones; rank 1 must finish in fewer engine steps than rank
 0 (in vLLM's lockstep it would run dummy steps until rank 0 is done) and both must still give
 transformers' greedy outputs.

@@ -82,7 +82,7 @@ def test_stale_cpu_shm_segments_are_removed_and_live_ones_kept(tmp_path):
     """A segment nobody maps (left by a killed run) goes; one a live process maps stays."""
     import mmap
 
-    from rlframe.workers.rollout.vllm_engine import remove_stale_cpu_shm
+    from rlframe.workers.rollout.vllm_adapt import remove_stale_cpu_shm
 
     stale = tmp_path / "-tp:0-[0-1]-cpushm_0"
     live = tmp_path / "-tp:0-[0-1]-cpushm_1"
