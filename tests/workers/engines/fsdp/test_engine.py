@@ -183,12 +183,17 @@ def test_layouts_match_single_process(first_run):
 
 # ---------------------------------------------------------------------------------------------
 # train -> save -> (fresh processes) load -> continue; HF export
+def _resumable_engine(path, *, head, world):
+    """The same engine before the save and after the load (a schedule, so the LR state matters)."""
+    return _engine(path, head=head, dp=2, tp=2, world=world, lr_schedule="cosine", warmup_steps=1,
+                   total_steps=10, lr=3e-3)
+
+
 def _train_and_save(rank, world, path, out_dir):
     batch = make_batch(seed=1)
     out = {}
     for head, loss_fn in (("lm", policy_loss), ("value", value_loss)):
-        engine = _engine(path, head=head, dp=2, tp=2, world=world, lr_schedule="cosine", warmup_steps=1,
-                         total_steps=10, lr=3e-3)
+        engine = _resumable_engine(path, head=head, world=world)
         mine, rows = dp_slice(batch, engine)
         kw = {"with_entropy": True} if head == "lm" else {}
         for _ in range(2):
@@ -212,8 +217,7 @@ def _load_and_continue(rank, world, path, out_dir):
     batch = make_batch(seed=1)
     out = {}
     for head, loss_fn in (("lm", policy_loss), ("value", value_loss)):
-        engine = _engine(path, head=head, dp=2, tp=2, world=world, lr_schedule="cosine", warmup_steps=1,
-                         total_steps=10, lr=3e-3)
+        engine = _resumable_engine(path, head=head, world=world)
         engine.load_checkpoint(f"{out_dir}/{head}_ckpt")
         initial = {n: p.detach().to_local().clone() for n, p in engine.model.named_parameters()}
         mine, _ = dp_slice(batch, engine)
