@@ -50,8 +50,6 @@ COMPILE_AFTER = 2
 # A rank's answer larger than this goes through the object store instead of its output channel
 # (a channel keeps the size of the largest message it carried).
 OUTPUT_INLINE_BYTES = 4 * 1024 * 1024
-
-
 # A method whose last call took longer than this (the slowest rank's time inside it) goes plain.
 SHORT_CALL_S = 0.05
 

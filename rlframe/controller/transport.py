@@ -64,5 +64,3 @@ def inline_or_put(per_rank: list, *, limit: int = INLINE_BYTES) -> list:
     if sum(nbytes(v) for v, _ in seen.values()) <= limit:
         return per_rank
     return _put(per_rank, {k: v for k, (v, _) in seen.items()})
-
-

@@ -430,11 +430,16 @@ class RayWorkerGroup:
             for info, actor, call in zip(infos, self.hosts.actors, per_rank)
             if call is not None
         ]
-        record = CallRecord(self.name, method, time.perf_counter() - t0, 0.0, 0.0, 0.0, (self.role, method),
-                            self.hosts.last_compute_s)
+        record = self._record(method, t0)
         fut = GroupFuture(calls=calls, collect=mode.collect, what=self._what(method), timeout=limit, record=record,
                           zero_copy=mode.copies_outputs, hosts=None if is_blocking else self.hosts)
         return fut.get() if is_blocking else fut
+
+    def _record(self, method: str, t0: float) -> CallRecord:
+        """The record of a call whose submission started at `t0`; its compute time, once gathered,
+        is kept as the method's last duration (HostSet.last_compute_s)."""
+        return CallRecord(self.name, method, time.perf_counter() - t0, 0.0, 0.0, 0.0, (self.role, method),
+                          self.hosts.last_compute_s)
 
     def _call_compiled(self, graph: compiled.CompiledCalls, method: str, mode, infos: list[RankInfo], split: list,
                        *, timeout: float | None, t0: float) -> "CompiledFuture":
@@ -442,8 +447,7 @@ class RayWorkerGroup:
         payloads = [None if call is None else
                     compiled.encode((self.role, method, *call, info.collect or not mode.collect_ranks_only))
                     for info, call in zip(infos, transport.inline_or_put(split))]
-        record = CallRecord(self.name, method, time.perf_counter() - t0, 0.0, 0.0, 0.0, (self.role, method),
-                            self.hosts.last_compute_s)
+        record = self._record(method, t0)
         try:
             refs = graph.submit(payloads)
         except compiled.CompiledCallError as err:

@@ -42,6 +42,11 @@ def role_pool(cfg: RunConfig, procs: int, name: str) -> ResourcePool:
                         cpus_per_proc=cfg.resources.cpus_per_proc, name=name)
 
 
+def hybrid_pool(cfg: RunConfig) -> ResourcePool:
+    """The pool of a colocated run: every process of every node, shared by all roles."""
+    return role_pool(cfg, cfg.resources.nodes * cfg.resources.procs_per_node, "hybrid")
+
+
 def worker_env(cfg: RunConfig) -> dict[str, str]:
     """Environment every worker process of the run gets."""
     return {"RLFRAME_RUN": cfg.trainer.experiment, "RLFRAME_IMPORTS": ",".join(cfg.imports)}
@@ -51,7 +56,7 @@ def launch_hosts(cfg: RunConfig) -> None:
     """Start the processes of a colocated run now, without waiting for them."""
     if cfg.resources.placement != "colocated":
         return
-    pool = role_pool(cfg, cfg.resources.nodes * cfg.resources.procs_per_node, "hybrid")
+    pool = hybrid_pool(cfg)
     hosts = HostSet(pool, name="hybrid", env=worker_env(cfg), collective_timeout_s=cfg.trainer.collective_timeout_s,
                     join=False)
     _launched[(cfg.trainer.experiment, "hybrid")] = (pool, hosts)

@@ -11,7 +11,7 @@ from rlframe.config.schema import RunConfig
 from rlframe.config.validate import role_world_sizes
 from rlframe.controller import RayWorkerGroup, ResourcePool, RoleSpec
 from rlframe.controller.dispatch import METRICS_KEY
-from rlframe.controller.trainers.prelaunch import role_pool, take_hosts, worker_env
+from rlframe.controller.trainers.prelaunch import hybrid_pool, role_pool, take_hosts, worker_env
 from rlframe.protocol import DataProto
 from rlframe.workers.actor import ActorWorker
 from rlframe.workers.critic import CriticWorker
@@ -129,8 +129,7 @@ def build_roles(cfg: RunConfig, *, actor_path: str, critic_path: str) -> RunRole
     env = worker_env(cfg)
     timeout = cfg.trainer.collective_timeout_s
     if cfg.resources.placement == "colocated":
-        pool, hosts = take_hosts(cfg, "hybrid") or (role_pool(cfg, cfg.resources.nodes * cfg.resources.procs_per_node,
-                                                               "hybrid"), None)
+        pool, hosts = take_hosts(cfg, "hybrid") or (hybrid_pool(cfg), None)
         groups = RayWorkerGroup.colocated(pool, specs, name="hybrid", env=env, collective_timeout_s=timeout,
                                           hosts=hosts)
         pools = [pool]

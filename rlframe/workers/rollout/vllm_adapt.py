@@ -41,7 +41,7 @@ def distributed_kwargs(tp: int) -> dict:
     kw = {"distributed_executor_backend": "external_launcher", "tensor_parallel_size": tp}
     if world // tp > 1:
         # Several engines in one group: vLLM treats them as data-parallel replicas, each with its own
-        # prompts (checked by hand with 2 ranks at tp=1 on CPU; not in the test suite).
+        # prompts (tests/workers/rollout/test_vllm_replicas.py: 2 ranks at tp=1 on CPU).
         kw["data_parallel_size"] = world // tp
     return kw
 

@@ -3,8 +3,10 @@
 Build: `VLLMRolloutEngine(model_path, config=RolloutConfig(...))` on every rank of the generation
 group. TP > 1 (or several data-parallel engines in one process group) uses vLLM's
 `external_launcher` executor: vLLM joins the already initialised torch.distributed group
-(RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT, gloo on CPU), every rank runs its own scheduler on the
-same prompts and the ranks stay in lockstep because scheduling is deterministic. That needs
+(RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT, gloo on CPU). The ranks of a TP group each run their own
+scheduler on the same prompts and stay in lockstep because scheduling is deterministic; the
+data-parallel replicas of a dense model step at their own pace (`vllm_adapt.replicas_at_own_pace`).
+That needs
 `VLLM_ENABLE_V1_MULTIPROCESSING=0` (the engine core in this process), which is set here.
 
 Weight sync (`weight_update()` / `update_weights()`), two paths:
@@ -238,11 +240,10 @@ class VLLMRolloutEngine(RolloutEngine):
             uninitialised, no memory touched; tests pass NaN to prove vLLM never reads it).
         """
         self.require_awake(("weights",), doing="a weight update")
-        kernel = kernel_format
-        assembler = ShardAssembler(needed=self._needed, full_shapes=self._shapes, full_shape_buffers=not kernel,
-                                   fill=outside_fill)
+        assembler = ShardAssembler(needed=self._needed, full_shapes=self._shapes,
+                                   full_shape_buffers=not kernel_format, fill=outside_fill)
         self._last_stats = assembler.stats
-        if kernel:
+        if kernel_format:
             with self._kernel_format_update(assembler) as consume:
                 yield consume
         else:
@@ -396,8 +397,8 @@ class VLLMRolloutEngine(RolloutEngine):
 
 def _serve_from_memory(worker_manager, engine: VLLMRolloutEngine) -> None:
     """Let vLLM's worker LoRA manager reload the served adapter from memory. vLLM drops every adapter
-    after a dummy step (`maybe_dummy_run_with_lora`: a data-parallel replica with no requests of its
-    own steps in lockstep with the others), and loads a requested adapter it does not hold from
+    after a dummy step (`maybe_dummy_run_with_lora`: a data-parallel replica of a mixture-of-experts
+    model with no requests of its own steps in lockstep with the others), and loads a requested adapter it does not hold from
     `lora_path`; for the in-memory adapter that path is only a label, so the load is answered here."""
     load_from_path = worker_manager._load_adapter
 
