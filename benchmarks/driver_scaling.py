@@ -10,9 +10,9 @@ object store, outputs it fetches and their bytes. Two dispatch schemes are compa
   one), and every rank sends its output back (what rlframe did before its dispatch kept one
   serialization per distinct chunk and one output per dp group);
 - rlframe now: a chunk shared by tp/pp peers is put into the object store once (ranks fetch it
-  there, a node pulls it once), and only one rank per dp group returns data; a blocking call is one
-  execution of the processes' compiled graph (rlframe/controller/compiled.py), not one Ray call per
-  rank.
+  there, a node pulls it once), and only one rank per dp group returns data. A step's calls are
+  compute calls, which stay one Ray call per rank by default; with `RLFRAME_COMPILED_CALLS=all` each
+  is one execution of the processes' compiled graph (rlframe/controller/compiled.py).
 Bytes follow the batch that the PPO trainer sends to each call (docs/contracts.md keys; int64 ids
 and masks, fp32 per-token values), with prompts and responses at their full padded lengths.
 """
@@ -86,7 +86,10 @@ def totals(calls: list[Call]) -> dict[str, tuple[float, float]]:
     outs_now = sum(c.dp for c in calls)
     out_before = sum(c.out_bytes * c.returning for c in calls)
     out_now = sum(c.out_bytes for c in calls)
-    return {"Ray submissions": (rpcs, len(calls)), "serializations": (ser_before, ser_now),
+    # A step's calls are compute calls (longer than compiled.SHORT_CALL_S), which take the plain path
+    # (one submission per rank) unless every call is compiled (RLFRAME_COMPILED_CALLS=all).
+    return {"Ray submissions": (rpcs, rpcs), "Ray submissions, every call compiled": (rpcs, len(calls)),
+            "serializations": (ser_before, ser_now),
             "MB serialized by the driver": (in_before / 2**20, in_now / 2**20),
             "outputs fetched": (outs_before, outs_now), "MB fetched by the driver": (out_before / 2**20, out_now / 2**20)}
 
@@ -121,7 +124,9 @@ def main() -> None:
         + "\n\nPer step, as the world size grows (per-rank scheme vs rlframe now):\n\n"
         + markdown_table(["ranks", "driver work", "per rank", "rlframe now", "ratio"], rows)
         + "\n\nReading: with one Ray call per rank, submissions grow with the ranks (at 128 ranks and the "
-        "measured 0.3 ms to submit one call on this CPU, about 0.2 s per step); a blocking call now writes "
+        "measured 0.3 ms to submit one call on this CPU, about 0.2 s per step). By default only short calls "
+        "(control, metrics) take the compiled path, because the driver busy-polls while it waits on a "
+        "compiled call; a step's compute calls stay plain. With `RLFRAME_COMPILED_CALLS=all` a call writes "
         "one input to the processes' compiled graph, which every rank reads (its own small payload plus "
         "object-store references to large chunks), so the driver's submissions are one per call. Not "
         "measured beyond one node: the compiled graph's input is read by every rank, so its bytes per call "
