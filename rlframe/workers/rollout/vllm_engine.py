@@ -103,12 +103,31 @@ def hf_param_shapes(model_path: str) -> tuple[dict[str, tuple[int, ...]], Any]:
     return {n: tuple(p.shape) for n, p in model.named_parameters()}, cfg
 
 
-def llm_kwargs(model_path: str, config: RolloutConfig, *, is_cpu: bool, sleep_supported: bool) -> dict:
+def cpu_kv_cache_bytes(config: RolloutConfig, hf_cfg) -> int | None:
+    """The KV cache to allocate on CPU: `config.kv_cache_bytes`, but no more than what
+    max_num_seqs sequences of max_model_len tokens take on this rank (one spare sequence), so a
+    small model does not zero (and page in) a cache it cannot fill: for the demo model 64 MiB
+    instead of 256, 0.6 s less of each worker's start-up. Models whose KV is smaller per token
+    than full attention with `num_key_value_heads` (MLA, sliding windows) get more than they need."""
+    if config.kv_cache_bytes is None:
+        return None
+    block = config.block_size or 128  # vLLM's CPU default
+    tokens = (config.max_num_seqs + 1) * -(-config.max_model_len // block) * block
+    head_dim = getattr(hf_cfg, "head_dim", None) or hf_cfg.hidden_size // hf_cfg.num_attention_heads
+    kv_heads = max(1, hf_cfg.num_key_value_heads // config.tensor_parallel_size)
+    elem = torch.empty((), dtype=getattr(torch, config.dtype)).element_size()
+    need = hf_cfg.num_hidden_layers * 2 * kv_heads * head_dim * elem * tokens
+    return min(config.kv_cache_bytes, need)
+
+
+def llm_kwargs(model_path: str, config: RolloutConfig, *, is_cpu: bool, sleep_supported: bool,
+               kv_cache_bytes: int | None = None) -> dict:
     """The `vllm.LLM(...)` keywords for `config` in the calling process group."""
     kwargs = dict(
         model=model_path, dtype=config.dtype, max_model_len=config.max_model_len,
         max_num_seqs=config.max_num_seqs, enforce_eager=config.enforce_eager, seed=config.seed,
-        gpu_memory_utilization=config.gpu_memory_utilization, kv_cache_memory_bytes=config.kv_cache_bytes,
+        gpu_memory_utilization=config.gpu_memory_utilization,
+        kv_cache_memory_bytes=config.kv_cache_bytes if kv_cache_bytes is None else kv_cache_bytes,
         enable_prefix_caching=config.enable_prefix_caching, logprobs_mode=_LOGPROBS_MODE[config.logprobs_mode],
         load_format=config.load_format, enable_sleep_mode=sleep_supported, disable_log_stats=True,
     )
@@ -153,7 +172,9 @@ class VLLMRolloutEngine(RolloutEngine):
             eager_token_ranks()
             plain_cpu_linears()
         self.sleep_supported = current_platform.is_sleep_mode_available()
-        kwargs = llm_kwargs(self.model_path, config, is_cpu=self.is_cpu, sleep_supported=self.sleep_supported)
+        self._shapes, hf_cfg = hf_param_shapes(self.model_path)
+        kwargs = llm_kwargs(self.model_path, config, is_cpu=self.is_cpu, sleep_supported=self.sleep_supported,
+                            kv_cache_bytes=cpu_kv_cache_bytes(config, hf_cfg) if self.is_cpu else None)
         # vLLM's CPU worker replaces torch.set_num_threads process-wide; the training engine in this
         # process must keep control of its threads, so the original is put back.
         set_num_threads = torch.set_num_threads
@@ -169,7 +190,6 @@ class VLLMRolloutEngine(RolloutEngine):
         self.tokenizer = self.llm.get_tokenizer()
         self.pad_token_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         self._runner = self.llm.collective_rpc(_model_runner)[0]
-        self._shapes, hf_cfg = hf_param_shapes(self.model_path)
         self._tp_rank = get_tensor_model_parallel_rank() if self.tp > 1 else 0
         head_dim = getattr(hf_cfg, "head_dim", None) or hf_cfg.hidden_size // hf_cfg.num_attention_heads
         self._num_kv_heads, self._head_dim = hf_cfg.num_key_value_heads, head_dim

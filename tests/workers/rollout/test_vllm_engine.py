@@ -136,3 +136,12 @@ def test_sleep_and_wake_keep_the_engine_usable(engines):
     vllm_engine.sleep()  # CPU: no sleep mode, a logged no-op; GPU: KV cache freed
     vllm_engine.wake()
     assert torch.equal(vllm_engine.generate(prompts, GREEDY).batch["responses"], before)
+
+
+def test_cpu_kv_cache_holds_every_sequence_and_no_more(engines):
+    """kv_cache_bytes=64 MiB is a cap on CPU: the engine allocates what max_num_seqs sequences of
+    max_model_len tokens take (one spare), so nothing is preempted and nothing is zeroed in vain."""
+    vllm_engine, _, _ = engines
+    cache = vllm_engine.llm.llm_engine.vllm_config.cache_config
+    per_seq, seqs = -(-vllm_engine.config.max_model_len // cache.block_size), vllm_engine.config.max_num_seqs
+    assert seqs * per_seq <= cache.num_gpu_blocks <= (seqs + 2) * per_seq
