@@ -83,7 +83,7 @@ def memory_estimate(cfg: RunConfig, n_params: int) -> list[tuple[str, float]]:
     rows.append(("rollout weights", weights / GiB))
     kv = kv_cache_bytes(cfg.rollout, on_gpu=on_gpu)
     if kv is not None:
-        rows.append(("vLLM KV cache (rollout.kv_cache_bytes)", kv / GiB))
+        rows.append(("vLLM KV cache (rollout.kv_cache_bytes; on CPU at most)", kv / GiB))
     else:  # vLLM's budget gpu_memory_utilization * device holds its weights and the KV cache
         rows.append(("vLLM KV cache (gpu_memory_utilization budget - weights)",
                      cfg.rollout.gpu_memory_utilization * DEVICE_GIB - weights / GiB))

@@ -36,7 +36,7 @@ def test_memory_estimate_uses_the_runtime_dtype_and_kv_cache():
                                                                     "rollout.gpu_memory_utilization=0.2"])))
     assert "vLLM gets no KV cache" in too_small and "does NOT fit" in too_small
     cpu = describe_run(validate(load_config("ppo_tiny", ["trainer.dry_run=true"])))
-    assert "vLLM KV cache (rollout.kv_cache_bytes)" in cpu and "0.25" in cpu  # CPU default 256 MiB
+    assert "vLLM KV cache (rollout.kv_cache_bytes; on CPU at most)" in cpu and "0.25" in cpu  # CPU default 256 MiB
 
 
 def test_dry_run_and_actor_pick_the_same_generation_layout():
