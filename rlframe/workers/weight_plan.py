@@ -10,7 +10,7 @@ from rlframe.resharding.layout import Layout
 from rlframe.resharding.planner import Plan, plan_reshard
 from rlframe.workers.engines.lora import is_adapter_name
 from rlframe.workers.rollout.lora import lora_tp_box
-from rlframe.workers.rollout.weight_sync import vllm_tp_box
+from rlframe.workers.rollout.weight_sync import head_dim, vllm_tp_box
 
 
 def vllm_plan(metas: dict, *, src: Layout, dst: Layout, model_path: str) -> Plan:
@@ -18,12 +18,12 @@ def vllm_plan(metas: dict, *, src: Layout, dst: Layout, model_path: str) -> Plan
     replicated kv heads) for every rank of `dst`; LoRA factors (`...q_proj.lora_A.weight`) into the
     slices vLLM's LoRA layers keep."""
     hf = AutoConfig.from_pretrained(model_path)
-    head_dim = getattr(hf, "head_dim", None) or hf.hidden_size // hf.num_attention_heads
+    dim = head_dim(hf)
 
     def vllm_box(name, shape, rank):
         box = lora_tp_box if is_adapter_name(name) else vllm_tp_box
         return box(name, shape, tp_rank=dst.coords_of(rank)[1], tp_size=dst.tp,
-                   num_kv_heads=hf.num_key_value_heads, head_dim=head_dim)
+                   num_kv_heads=hf.num_key_value_heads, head_dim=dim)
 
     return plan_reshard(metas, src=src, dst=dst, num_layers=hf.num_hidden_layers, dst_box=vllm_box)
 

@@ -59,6 +59,7 @@ import logging
 import os
 import time
 from contextlib import contextmanager
+from dataclasses import replace
 from typing import Any, Iterator
 
 import torch
@@ -78,6 +79,7 @@ from rlframe.workers.rollout.vllm_adapt import (
 from rlframe.workers.rollout.weight_sync import (
     ShardAssembler,
     WeightSyncStats,
+    head_dim,
     lora_needed_boxes,
     timed,
     vllm_needed_boxes,
@@ -110,31 +112,29 @@ def hf_param_shapes(model_path: str) -> tuple[dict[str, tuple[int, ...]], Any]:
 CPU_BLOCK_SIZE = 32
 
 
-def cpu_kv_cache_bytes(config: RolloutConfig, hf_cfg) -> int | None:
-    """The KV cache to allocate on CPU: `config.kv_cache_bytes`, but no more than what
-    max_num_seqs sequences of max_model_len tokens take on this rank (one spare sequence), so a
-    small model does not zero (and page in) a cache it cannot fill: for the demo model 64 MiB
-    instead of 256, 0.6 s less of each worker's start-up. Models whose KV is smaller per token
-    than full attention with `num_key_value_heads` (MLA, sliding windows) get more than they need."""
-    if config.kv_cache_bytes is None:
-        return None
+def cpu_settings(config: RolloutConfig, hf_cfg) -> RolloutConfig:
+    """`config` with the CPU defaults made explicit: blocks of CPU_BLOCK_SIZE tokens, and a KV cache
+    of `kv_cache_bytes` but no more than what max_num_seqs sequences of max_model_len tokens take
+    on this rank (one spare sequence), so a small model does not zero (and page in) a cache it
+    cannot fill: for the demo model 64 MiB instead of 256, 0.6 s less of each worker's start-up.
+    Models whose KV is smaller per token than full attention with `num_key_value_heads` (MLA,
+    sliding windows) get more than they need."""
     block = config.block_size or CPU_BLOCK_SIZE
-    tokens = (config.max_num_seqs + 1) * -(-config.max_model_len // block) * block
-    head_dim = getattr(hf_cfg, "head_dim", None) or hf_cfg.hidden_size // hf_cfg.num_attention_heads
-    kv_heads = max(1, hf_cfg.num_key_value_heads // config.tensor_parallel_size)
-    elem = torch.empty((), dtype=getattr(torch, config.dtype)).element_size()
-    need = hf_cfg.num_hidden_layers * 2 * kv_heads * head_dim * elem * tokens
-    return min(config.kv_cache_bytes, need)
+    kv_bytes = config.kv_cache_bytes
+    if kv_bytes is not None:
+        tokens = (config.max_num_seqs + 1) * -(-config.max_model_len // block) * block
+        kv_heads = max(1, hf_cfg.num_key_value_heads // config.tensor_parallel_size)
+        elem = torch.empty((), dtype=getattr(torch, config.dtype)).element_size()
+        kv_bytes = min(kv_bytes, hf_cfg.num_hidden_layers * 2 * kv_heads * head_dim(hf_cfg) * elem * tokens)
+    return replace(config, block_size=block, kv_cache_bytes=kv_bytes)
 
 
-def llm_kwargs(model_path: str, config: RolloutConfig, *, is_cpu: bool, sleep_supported: bool,
-               kv_cache_bytes: int | None = None) -> dict:
+def llm_kwargs(model_path: str, config: RolloutConfig, *, is_cpu: bool, sleep_supported: bool) -> dict:
     """The `vllm.LLM(...)` keywords for `config` in the calling process group."""
     kwargs = dict(
         model=model_path, dtype=config.dtype, max_model_len=config.max_model_len,
         max_num_seqs=config.max_num_seqs, enforce_eager=config.enforce_eager, seed=config.seed,
-        gpu_memory_utilization=config.gpu_memory_utilization,
-        kv_cache_memory_bytes=config.kv_cache_bytes if kv_cache_bytes is None else kv_cache_bytes,
+        gpu_memory_utilization=config.gpu_memory_utilization, kv_cache_memory_bytes=config.kv_cache_bytes,
         enable_prefix_caching=config.enable_prefix_caching, logprobs_mode=_LOGPROBS_MODE[config.logprobs_mode],
         load_format=config.load_format, enable_sleep_mode=sleep_supported, disable_log_stats=True,
     )
@@ -148,8 +148,6 @@ def llm_kwargs(model_path: str, config: RolloutConfig, *, is_cpu: bool, sleep_su
         kwargs["max_num_batched_tokens"] = config.max_num_batched_tokens
     if config.block_size is not None:
         kwargs["block_size"] = config.block_size
-    elif is_cpu:
-        kwargs["block_size"] = CPU_BLOCK_SIZE
     if config.lora_rank > 0:
         kwargs.update(enable_lora=True, max_lora_rank=vllm_max_lora_rank(config.lora_rank), max_loras=1)
     kwargs.update(distributed_kwargs(config.tensor_parallel_size))
@@ -173,17 +171,17 @@ class VLLMRolloutEngine(RolloutEngine):
         from vllm.distributed import get_tensor_model_parallel_rank
         from vllm.platforms import current_platform
 
-        self.config = config
         self.model_path = str(model_path)
         self.tp = config.tensor_parallel_size
         self.is_cpu = current_platform.is_cpu()
+        self._shapes, hf_cfg = hf_param_shapes(self.model_path)
         if self.is_cpu:
             eager_token_ranks()
             plain_cpu_linears()
+            config = cpu_settings(config, hf_cfg)
+        self.config = config
         self.sleep_supported = current_platform.is_sleep_mode_available()
-        self._shapes, hf_cfg = hf_param_shapes(self.model_path)
-        kwargs = llm_kwargs(self.model_path, config, is_cpu=self.is_cpu, sleep_supported=self.sleep_supported,
-                            kv_cache_bytes=cpu_kv_cache_bytes(config, hf_cfg) if self.is_cpu else None)
+        kwargs = llm_kwargs(self.model_path, config, is_cpu=self.is_cpu, sleep_supported=self.sleep_supported)
         # vLLM's CPU worker replaces torch.set_num_threads process-wide; the training engine in this
         # process must keep control of its threads, so the original is put back.
         set_num_threads = torch.set_num_threads
@@ -200,10 +198,9 @@ class VLLMRolloutEngine(RolloutEngine):
         self.pad_token_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         self._runner = self.llm.collective_rpc(_model_runner)[0]
         self._tp_rank = get_tensor_model_parallel_rank() if self.tp > 1 else 0
-        head_dim = getattr(hf_cfg, "head_dim", None) or hf_cfg.hidden_size // hf_cfg.num_attention_heads
-        self._num_kv_heads, self._head_dim = hf_cfg.num_key_value_heads, head_dim
+        self._num_kv_heads, self._head_dim = hf_cfg.num_key_value_heads, head_dim(hf_cfg)
         self._needed = vllm_needed_boxes(self._shapes, tp_rank=self._tp_rank, tp_size=self.tp,
-                                         num_kv_heads=hf_cfg.num_key_value_heads, head_dim=head_dim)
+                                         num_kv_heads=hf_cfg.num_key_value_heads, head_dim=self._head_dim)
         self._last_stats = WeightSyncStats()
         self._lora_version = 0  # lora_int_id of the adapter being served (0: none yet)
         self._lora_request = None
