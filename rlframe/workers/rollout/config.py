@@ -72,7 +72,7 @@ class RolloutConfig:
         "raw" returns log_softmax of the unscaled logits.
     kv_cache_bytes: explicit KV-cache size per rank. On CPU this is what bounds vLLM's memory
         (there is no sleep mode there), and the engine allocates no more than max_num_seqs
-        sequences of max_model_len tokens take (`vllm_engine.cpu_kv_cache_bytes`); None lets vLLM
+        sequences of max_model_len tokens take (`vllm_engine.cpu_settings`); None lets vLLM
         take `gpu_memory_utilization` of the device memory (of CPU RAM on the CPU backend).
     block_size: the KV cache's block in tokens; None: vLLM's default on GPU, 32 on CPU
         (`vllm_engine.CPU_BLOCK_SIZE`: its CPU attention works on whole blocks).
