@@ -132,16 +132,17 @@ def _model(name: str, cache: Path) -> str:
 def sync_bytes_table(models: list[str], cache: Path) -> str:
     """Bytes one generation rank receives per weight sync at TP 1/2/4 (vLLM's slices; fp32)."""
     from rlframe.workers.rollout.vllm_engine import hf_param_shapes
+    from rlframe.resharding.formats import ModelDims
     from rlframe.workers.rollout.weight_sync import vllm_needed_boxes
 
     rows = []
     for name in models:
         path, _ = _model(name, cache)
         shapes, cfg = hf_param_shapes(path)
-        cells = []
+        cells, dims = [], ModelDims.from_hf_config(cfg)
         for tp in (1, 2, 4):
-            boxes = vllm_needed_boxes(shapes, tp_rank=0, tp_size=tp, num_kv_heads=cfg.num_key_value_heads,
-                                      head_dim=cfg.hidden_size // cfg.num_attention_heads)
+            boxes = vllm_needed_boxes(shapes, tp_rank=0, tp_size=tp, num_kv_heads=dims.num_kv_heads,
+                                      head_dim=dims.head_dim)
             cells.append(f"{sum(b.numel for b in boxes.values()) * 4 / 2**20:.2f}")
         rows.append([name, *cells])
     return ("Weight-sync payload per generation rank and step (fp32, from `vllm_needed_boxes`):\n\n"

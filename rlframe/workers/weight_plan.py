@@ -6,11 +6,12 @@ from __future__ import annotations
 
 from transformers import AutoConfig
 
+from rlframe.resharding.formats import ModelDims
 from rlframe.resharding.layout import Layout
 from rlframe.resharding.planner import Plan, plan_reshard
 from rlframe.workers.engines.lora import is_adapter_name
 from rlframe.workers.rollout.lora import lora_tp_box
-from rlframe.workers.rollout.weight_sync import head_dim, vllm_tp_box
+from rlframe.workers.rollout.weight_sync import vllm_tp_box
 
 
 def vllm_plan(metas: dict, *, src: Layout, dst: Layout, model_path: str) -> Plan:
@@ -18,14 +19,14 @@ def vllm_plan(metas: dict, *, src: Layout, dst: Layout, model_path: str) -> Plan
     replicated kv heads) for every rank of `dst`; LoRA factors (`...q_proj.lora_A.weight`) into the
     slices vLLM's LoRA layers keep."""
     hf = AutoConfig.from_pretrained(model_path)
-    dim = head_dim(hf)
+    dims = ModelDims.from_hf_config(hf)
 
     def vllm_box(name, shape, rank):
         box = lora_tp_box if is_adapter_name(name) else vllm_tp_box
         return box(name, shape, tp_rank=dst.coords_of(rank)[1], tp_size=dst.tp,
-                   num_kv_heads=hf.num_key_value_heads, head_dim=dim)
+                   num_kv_heads=dims.num_kv_heads, head_dim=dims.head_dim)
 
-    return plan_reshard(metas, src=src, dst=dst, num_layers=hf.num_hidden_layers, dst_box=vllm_box)
+    return plan_reshard(metas, src=src, dst=dst, num_layers=dims.num_layers, dst_box=vllm_box)
 
 
 def split_generation_layout(train: Layout, *, tp: int, world: int) -> Layout:

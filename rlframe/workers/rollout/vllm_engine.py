@@ -64,6 +64,7 @@ from typing import Any, Iterator
 
 import torch
 
+from rlframe.resharding.formats import ModelDims
 from rlframe.workers.rollout.base import Consumer, RolloutEngine
 from rlframe.workers.rollout.batch import assemble_batch, read_prompts, to_data_proto, unpad_prompts
 from rlframe.workers.rollout.config import RolloutConfig, SamplingConfig
@@ -79,7 +80,6 @@ from rlframe.workers.rollout.vllm_adapt import (
 from rlframe.workers.rollout.weight_sync import (
     ShardAssembler,
     WeightSyncStats,
-    head_dim,
     lora_needed_boxes,
     timed,
     vllm_needed_boxes,
@@ -112,7 +112,7 @@ def hf_param_shapes(model_path: str) -> tuple[dict[str, tuple[int, ...]], Any]:
 CPU_BLOCK_SIZE = 32
 
 
-def cpu_settings(config: RolloutConfig, hf_cfg) -> RolloutConfig:
+def cpu_settings(config: RolloutConfig, dims: ModelDims) -> RolloutConfig:
     """`config` with the CPU defaults made explicit: blocks of CPU_BLOCK_SIZE tokens, and a KV cache
     of `kv_cache_bytes` but no more than what max_num_seqs sequences of max_model_len tokens take
     on this rank (one spare sequence), so a small model does not zero (and page in) a cache it
@@ -123,9 +123,9 @@ def cpu_settings(config: RolloutConfig, hf_cfg) -> RolloutConfig:
     kv_bytes = config.kv_cache_bytes
     if kv_bytes is not None:
         tokens = (config.max_num_seqs + 1) * -(-config.max_model_len // block) * block
-        kv_heads = max(1, hf_cfg.num_key_value_heads // config.tensor_parallel_size)
+        kv_heads = max(1, dims.num_kv_heads // config.tensor_parallel_size)
         elem = torch.empty((), dtype=getattr(torch, config.dtype)).element_size()
-        kv_bytes = min(kv_bytes, hf_cfg.num_hidden_layers * 2 * kv_heads * head_dim(hf_cfg) * elem * tokens)
+        kv_bytes = min(kv_bytes, dims.num_layers * 2 * kv_heads * dims.head_dim * elem * tokens)
     return replace(config, block_size=block, kv_cache_bytes=kv_bytes)
 
 
@@ -175,10 +175,11 @@ class VLLMRolloutEngine(RolloutEngine):
         self.tp = config.tensor_parallel_size
         self.is_cpu = current_platform.is_cpu()
         self._shapes, hf_cfg = hf_param_shapes(self.model_path)
+        dims = ModelDims.from_hf_config(hf_cfg)
         if self.is_cpu:
             eager_token_ranks()
             plain_cpu_linears()
-            config = cpu_settings(config, hf_cfg)
+            config = cpu_settings(config, dims)
         self.config = config
         self.sleep_supported = current_platform.is_sleep_mode_available()
         kwargs = llm_kwargs(self.model_path, config, is_cpu=self.is_cpu, sleep_supported=self.sleep_supported)
@@ -198,9 +199,9 @@ class VLLMRolloutEngine(RolloutEngine):
         self.pad_token_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         self._runner = self.llm.collective_rpc(_model_runner)[0]
         self._tp_rank = get_tensor_model_parallel_rank() if self.tp > 1 else 0
-        self._num_kv_heads, self._head_dim = hf_cfg.num_key_value_heads, head_dim(hf_cfg)
+        self._num_kv_heads, self._head_dim = dims.num_kv_heads, dims.head_dim
         self._needed = vllm_needed_boxes(self._shapes, tp_rank=self._tp_rank, tp_size=self.tp,
-                                         num_kv_heads=hf_cfg.num_key_value_heads, head_dim=self._head_dim)
+                                         num_kv_heads=self._num_kv_heads, head_dim=self._head_dim)
         self._last_stats = WeightSyncStats()
         self._lora_version = 0  # lora_int_id of the adapter being served (0: none yet)
         self._lora_request = None
@@ -424,8 +425,9 @@ class VLLMRolloutEngine(RolloutEngine):
 def _serve_from_memory(worker_manager, engine: VLLMRolloutEngine) -> None:
     """Let vLLM's worker LoRA manager reload the served adapter from memory. vLLM drops every adapter
     after a dummy step (`maybe_dummy_run_with_lora`: a data-parallel replica of a mixture-of-experts
-    model with no requests of its own steps in lockstep with the others), and loads a requested adapter it does not hold from
-    `lora_path`; for the in-memory adapter that path is only a label, so the load is answered here."""
+    model with no requests of its own steps in lockstep with the others), and loads a requested
+    adapter it does not hold from `lora_path`; for the in-memory adapter that path is only a label,
+    so the load is answered here."""
     load_from_path = worker_manager._load_adapter
 
     def load(request):

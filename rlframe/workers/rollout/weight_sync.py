@@ -50,11 +50,6 @@ Piece = tuple[str, Box, torch.Tensor]
 VOCAB_PADDING = 64  # vllm.model_executor.layers.vocab_parallel_embedding.DEFAULT_VOCAB_PADDING_SIZE
 
 
-def head_dim(hf_config) -> int:
-    """Per-head size of a transformers config (its `head_dim`, else hidden_size / heads)."""
-    return getattr(hf_config, "head_dim", None) or hf_config.hidden_size // hf_config.num_attention_heads
-
-
 def vllm_tp_box(name: str, shape, *, tp_rank: int, tp_size: int, num_kv_heads: int,
                 head_dim: int, vocab_padding: int = VOCAB_PADDING) -> Box:
     """The Box of HF parameter `name` (global `shape`) that vLLM's TP rank `tp_rank` of `tp_size` reads."""

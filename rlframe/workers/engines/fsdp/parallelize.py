@@ -116,7 +116,8 @@ def apply_tensor_parallel(model, tp_mesh: DeviceMesh, *, head: str) -> None:
 
 
 def apply_fsdp(model, dp_mesh: DeviceMesh, *, mixed_precision: bool, reshard_after_forward: bool = True) -> None:
-    """FSDP2 per decoder layer, then the root (embedding, final norm, head).
+    """FSDP2 per decoder layer, then the root (embedding, final norm, head); the root alone when
+    reshard_after_forward=False.
 
     reshard_after_forward=False (the engine's gather-once mode, default on CPU) holds the whole
     model's gathered parameters through the step anyway, so the model is one FSDP group there: one
