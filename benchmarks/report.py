@@ -83,14 +83,14 @@ def write_section(section: str, body: str, *, path: Path = BENCHMARKS_MD) -> Non
     path.write_text(new if new.endswith("\n") else new + "\n")
 
 
-def matmul_gflops(*, seconds: float = 1.5, threads: int = 2, n: int = 1024) -> float:
-    """The machine's fp32 matmul rate now: best GFLOP/s of (n x n) @ (n x n) with `threads` torch
-    threads over about `seconds` (the ceiling that model FLOP rates are compared with)."""
+def matmul_gflops(*, seconds: float = 1.5, threads: int = 2, n: int = 1024, dtype: str = "float32") -> float:
+    """The machine's matmul rate now (fp32 unless `dtype`): best GFLOP/s of (n x n) @ (n x n) with
+    `threads` torch threads over about `seconds` (the ceiling that model FLOP rates are compared with)."""
     import torch
 
     old = torch.get_num_threads()
     torch.set_num_threads(threads)
-    a, b = torch.randn(n, n), torch.randn(n, n)
+    a, b = torch.randn(n, n, dtype=getattr(torch, dtype)), torch.randn(n, n, dtype=getattr(torch, dtype))
     a @ b
     best, end = 0.0, time.perf_counter() + seconds
     while time.perf_counter() < end:
@@ -102,6 +102,10 @@ def matmul_gflops(*, seconds: float = 1.5, threads: int = 2, n: int = 1024) -> f
     return best
 
 
-def machine_state() -> dict[str, float]:
-    """1-minute load average and the fp32 matmul rate (2 threads), to print with every measurement."""
-    return {"load1": os.getloadavg()[0], "gflops": matmul_gflops()}
+def machine_state(*, bf16: bool = False) -> dict[str, float]:
+    """1-minute load average and the fp32 matmul rate (2 threads), to print with every measurement;
+    with `bf16`, the bf16 rate too (`gflops_bf16`)."""
+    out = {"load1": os.getloadavg()[0], "gflops": matmul_gflops()}
+    if bf16:
+        out["gflops_bf16"] = matmul_gflops(dtype="bfloat16")
+    return out

@@ -65,6 +65,7 @@ def main() -> None:
     ap.add_argument("--micro-batch", type=int, default=32)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--bf16", action="store_true", help="TRL's bf16 mode (the Trainer's CPU autocast)")
     args = ap.parse_args()
 
     import torch
@@ -81,7 +82,7 @@ def main() -> None:
         gradient_accumulation_steps=accum, num_generations=args.n, max_completion_length=args.new_tokens,
         temperature=1.0, learning_rate=args.lr, lr_scheduler_type="constant", warmup_steps=0, beta=0.0,
         num_iterations=1, loss_type="dapo", max_steps=args.steps, logging_steps=1, save_strategy="no",
-        report_to="none", use_cpu=True, bf16=False, fp16=False, seed=args.seed, max_grad_norm=1.0,
+        report_to="none", use_cpu=True, bf16=args.bf16, fp16=False, seed=args.seed, max_grad_norm=1.0,
         adam_beta2=0.999, weight_decay=0.0, dataloader_num_workers=0, disable_tqdm=True,
         gradient_checkpointing=False,
     )

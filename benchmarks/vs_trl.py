@@ -7,6 +7,9 @@ Workloads (the same local model directory, task and settings for both systems):
 - `12m`: the `12m` preset (11.9M parameters, random init, seed 0), two-digit sums, 64 prompts x 4
   samples, 16 new tokens, temperature 1, lr 1e-5, no KL, one optimizer step per batch, fp32, 8 steps
   (the first 2 are warm-up and not counted).
+- `--precisions fp32,bf16` runs each workload in each: bf16 is TRL's `bf16=True` (the Trainer's CPU
+  autocast) against rlframe's `actor.precision=bf16` (bf16 compute, fp32 master weights, vLLM in bf16);
+  its compute floor uses the bf16 matmul rate measured in the same run.
 - `demo`: the default demo model (0.8M parameters, pre-trained on sums), 64 x 4, 8 new tokens,
   lr 1e-4, no KL, 40 steps; greedy accuracy on the 256 held-out prompts before and after.
 
@@ -58,6 +61,7 @@ class Workload:
     evaluate: bool
     prompts: int = 64
     n: int = 4
+    precision: str = "fp32"  # fp32 | bf16 (TRL: bf16=True, the Trainer's autocast; rlframe: actor.precision=bf16)
 
 
 WORKLOADS = {
@@ -117,6 +121,8 @@ def run_trl(python: Path, w: Workload, data: dict, work: Path) -> dict:
            "--new-tokens", str(w.new_tokens), "--lr", str(w.lr)]
     if w.evaluate:
         cmd += ["--test", data["test"]]
+    if w.precision == "bf16":
+        cmd += ["--bf16"]
     t0 = time.time()
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=str(work))
     if proc.returncode != 0:
@@ -124,7 +130,7 @@ def run_trl(python: Path, w: Workload, data: dict, work: Path) -> dict:
     r = json.loads(out.read_text())
     steps = r["step"][w.warmup:]
     gens = r["gen"][w.warmup:]
-    return {"system": "TRL", "layout": "1 proc x 2 threads", "step": steps, "tokens": r["tokens"][w.warmup:],
+    return {"system": "TRL", "layout": f"1 proc x 2 threads, {w.precision}", "step": steps, "tokens": r["tokens"][w.warmup:],
             "phases": {"gen": gens, "train": [s - g for s, g in zip(steps, gens)]},
             "startup": r["first_step_at"], "wall": time.time() - t0,
             "acc": (r["accuracy_before"], r["accuracy_after"])}
@@ -144,7 +150,7 @@ def rlframe_overrides(w: Workload, data: dict, layout: str, run_dir: Path) -> li
             "actor.micro_batch_size=32", f"trainer.total_steps={w.steps}",
             f"trainer.val_every={w.steps if w.evaluate else 0}", "trainer.export_hf=false", "trainer.resume=off",
             "trainer.progress_bar=false", f"trainer.output_dir={run_dir}", "trainer.experiment=bench",
-            *LAYOUTS[layout]]
+            *LAYOUTS[layout], *([f"actor.precision={w.precision}"] if w.precision != "fp32" else [])]
 
 
 def run_rlframe(w: Workload, data: dict, work: Path, layout: str, src: Path = ROOT, label: str = "rlframe") -> dict:
@@ -171,7 +177,7 @@ def run_rlframe(w: Workload, data: dict, work: Path, layout: str, src: Path = RO
     phases["other"] = [r.get("timing_s/overhead/total", float("nan")) for r in rows][w.warmup:]
     vals = [r["val/accuracy"] for r in _val_rows(run_dir)]
     first_step = rows[0]["timing_s/step"]
-    return {"system": label, "layout": layout, "step": steps,
+    return {"system": label, "layout": f"{layout}, {w.precision}", "step": steps,
             "tokens": [r["perf/total_num_tokens"] for r in rows][w.warmup:], "phases": phases,
             "startup": rows[0].get("timing_s/startup/total", (step1_end or float("nan")) - first_step),
             "first_step": first_step,
@@ -224,8 +230,10 @@ def summarize(runs: list[dict], *, params: int, gflops: float, evaluate: bool) -
 def run_workload(w: Workload, *, repeats: int, layouts: list[str], trl_python: Path, work: Path,
                  baseline: tuple[str, Path] | None = None) -> str:
     data = prepare(w, work)
-    before = machine_state()
-    print(f"[{w.name}] load {before['load1']:.1f}, matmul {before['gflops']:.0f} GFLOP/s", flush=True)
+    bf16 = w.precision == "bf16"
+    before = machine_state(bf16=bf16)
+    print(f"[{w.name} {w.precision}] load {before['load1']:.1f}, matmul {before['gflops']:.0f} GFLOP/s"
+          + (f" (bf16 {before['gflops_bf16']:.0f})" if bf16 else ""), flush=True)
     runs = []
     for rep in range(repeats):
         for system in ["trl", *layouts, *(["baseline"] if baseline else [])]:
@@ -239,17 +247,19 @@ def run_workload(w: Workload, *, repeats: int, layouts: list[str], trl_python: P
             print(f"[{w.name}] run {rep + 1}/{repeats} {r['system']} {r['layout']}: median s/step "
                   f"{med(r['step']):.3f}, start-up {r['startup']:.1f} s, load {os.getloadavg()[0]:.1f}"
                   + (f", overhead {r['overhead']}" if r.get("overhead") else ""), flush=True)
-    after = machine_state()
-    gflops = max(before["gflops"], after["gflops"])
+    after = machine_state(bf16=bf16)
+    rate = "gflops_bf16" if bf16 else "gflops"  # the floor at the rate of the precision the step runs in
+    gflops = max(before[rate], after[rate])
     rows, floor = summarize(runs, params=data["params"], gflops=gflops, evaluate=w.evaluate)
     header = ["system", "layout", "s/step median (per run)", "tokens/s", "phases s (median)", "floor / step",
               "start-up s"] + (["held-out greedy acc before -> after"] if w.evaluate else [])
-    note = (f"**{w.name}**: {w.prompts} prompts x {w.n} samples, {w.new_tokens} new tokens, lr {w.lr:g}, "
+    note = (f"**{w.name}, {w.precision}**: {w.prompts} prompts x {w.n} samples, {w.new_tokens} new tokens, lr {w.lr:g}, "
             f"{w.steps} steps ({w.warmup} warm-up steps not counted), {repeats} alternating runs per system. "
             f"Load average (1 min) {before['load1']:.1f} before, {after['load1']:.1f} after; fp32 matmul "
-            f"{before['gflops']:.0f} / {after['gflops']:.0f} GFLOP/s before / after (2 threads). "
+            f"{before['gflops']:.0f} / {after['gflops']:.0f} GFLOP/s before / after (2 threads)"
+            + (f", bf16 {before['gflops_bf16']:.0f} / {after['gflops_bf16']:.0f}" if bf16 else "") + ". "
             f"Compute floor of a step: {floor:.2f} s ({data['params'] / 1e6:.2f}M parameters x 8 x "
-            f"{med([t for r in runs for t in r['tokens']]):,.0f} tokens at {gflops:.0f} GFLOP/s).")
+            f"{med([t for r in runs for t in r['tokens']]):,.0f} tokens at {gflops:.0f} {w.precision} GFLOP/s).")
     return note + "\n\n" + markdown_table(header, rows)
 
 
@@ -269,22 +279,27 @@ def main() -> None:
     ap.add_argument("--baseline", default=None, metavar="COMMIT",
                     help="also run rlframe as of COMMIT (git archive into a temp dir), e.g. for before/after")
     ap.add_argument("--steps", type=int, default=None, help="override every workload's steps (quick checks)")
+    ap.add_argument("--precisions", default="fp32", help="comma-separated, of fp32,bf16: each workload at each")
     ap.add_argument("--no-write", action="store_true")
     args = ap.parse_args()
     names, layouts = args.workloads.split(","), args.layouts.split(",")
-    unknown = [n for n in names if n not in WORKLOADS] + [x for x in layouts if x not in LAYOUTS]
+    precisions = args.precisions.split(",")
+    unknown = ([n for n in names if n not in WORKLOADS] + [x for x in layouts if x not in LAYOUTS]
+               + [p for p in precisions if p not in ("fp32", "bf16")])
     if unknown:
-        raise SystemExit(f"unknown workload/layout {unknown}; workloads {sorted(WORKLOADS)}, layouts {sorted(LAYOUTS)}")
+        raise SystemExit(f"unknown workload/layout/precision {unknown}; workloads {sorted(WORKLOADS)}, "
+                         f"layouts {sorted(LAYOUTS)}, precisions fp32, bf16")
     trl_python = ensure_trl_venv()
     if args.steps is not None:
         WORKLOADS.update({n: replace(w, steps=args.steps, warmup=min(w.warmup, args.steps - 1))
                           for n, w in WORKLOADS.items()})
     with tempfile.TemporaryDirectory(prefix="rlframe-vs-trl-") as tmp:
         baseline = (args.baseline, checkout(args.baseline, Path(tmp) / "baseline")) if args.baseline else None
-        bodies = [run_workload(WORKLOADS[n], repeats=args.repeats, layouts=layouts, trl_python=trl_python,
-                               work=Path(tmp), baseline=baseline) for n in names]
+        bodies = [run_workload(replace(WORKLOADS[n], precision=p), repeats=args.repeats, layouts=layouts,
+                               trl_python=trl_python, work=Path(tmp), baseline=baseline)
+                  for n in names for p in precisions]
     command = (f"python benchmarks/vs_trl.py --workloads {args.workloads} --repeats {args.repeats} --layouts "
-               f"{args.layouts}" + (f" --baseline {args.baseline}" if args.baseline else ""))
+               f"{args.layouts} --precisions {args.precisions}" + (f" --baseline {args.baseline}" if args.baseline else ""))
     body = (f"Reproduce: `{command}` (measured {time.strftime('%Y-%m-%d')}; TRL 1.16.0 in its own venv).\n"
             "Phases: TRL `gen` = generation + reward + advantages, `train` = the rest of the step; rlframe "
             "`gen` includes the weight sync (`update_weights`, also shown alone), `other` = the step's time "

@@ -102,6 +102,11 @@ class TrainRoleConfig:
     micro_batch_size: int | None = 32
     max_tokens_per_micro_batch: int | None = None
     cliprange_value: float = 0.5  # critic only
+    # auto: bf16 on GPU, fp32 on CPU. bf16: bf16 forward/backward with fp32 master weights, fp32
+    # gradient reduction and fp32 log-probs; the actor's rollout engine then generates in bf16 too.
+    # On a CPU with AMX (Intel Sapphire Rapids and later) bf16 matmuls are several times faster
+    # than fp32 (docs/benchmarks.md); elsewhere bf16 on CPU is slower.
+    precision: str = "auto"  # auto | fp32 | bf16
     # LoRA (strategy=fsdp): lora_rank > 0 trains low-rank adapters on lora_target_modules of every
     # decoder layer instead of the whole model (the base stays frozen; the actor's reference policy
     # is then its base model with adapters off). The adapters' output is scaled by lora_alpha / lora_rank.

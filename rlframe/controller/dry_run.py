@@ -51,10 +51,10 @@ def layouts(cfg: RunConfig) -> tuple[Layout, Layout, str]:
 
 
 def runtime_dtype(cfg: RunConfig):
-    """The compute dtype the engines and vLLM will use (engines.base.resolve_mixed_precision)."""
-    from rlframe.workers.engines.base import compute_dtype, resolve_mixed_precision
+    """The compute dtype the actor's engine and vLLM will use (engines.base.resolve_mixed_precision)."""
+    from rlframe.workers.engines.base import precision_dtype
 
-    return compute_dtype(resolve_mixed_precision(None, on_gpu=cfg.resources.use_gpu))
+    return precision_dtype(cfg.actor.precision, on_gpu=cfg.resources.use_gpu)
 
 
 def _training_state_bytes(role, n_params: int, wbytes: int) -> float:

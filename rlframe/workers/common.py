@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from rlframe.config.schema import RolloutSection, TrainRoleConfig
 from rlframe.workers.engines import TrainEngineConfig, get_train_engine
+from rlframe.workers.engines.base import mixed_precision_setting
 from rlframe.workers.rollout import RolloutConfig
 from rlframe.workers.rollout.config import CPU_KV_CACHE_BYTES
 
@@ -22,7 +23,7 @@ def build_train_engine(role: TrainRoleConfig, *, model_path: str, head: str, tot
         weight_decay=role.weight_decay, grad_clip=role.grad_clip, lr_schedule=role.lr_schedule,
         warmup_steps=role.warmup_steps, total_steps=max(total_steps, role.warmup_steps + 1),
         micro_batch_size=role.micro_batch_size, max_tokens_per_micro_batch=role.max_tokens_per_micro_batch,
-        seed=seed, frozen=frozen,
+        seed=seed, frozen=frozen, mixed_precision=mixed_precision_setting(role.precision),
         # A frozen engine (a reference policy) is the plain model: adapters would only add zeros.
         lora_rank=0 if frozen else role.lora_rank, lora_alpha=role.lora_alpha,
         lora_target_modules=tuple(role.lora_target_modules), lora_dropout=role.lora_dropout,

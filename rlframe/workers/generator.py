@@ -18,7 +18,7 @@ from rlframe.resharding.executor import execute_plan
 from rlframe.resharding.layout import Layout
 from rlframe.utils.timing import timed
 from rlframe.workers.common import lora_sync_config, rollout_config
-from rlframe.workers.engines.base import compute_dtype, resolve_mixed_precision
+from rlframe.workers.engines.base import precision_dtype
 from rlframe.workers.rollout import SamplingConfig, build_rollout_engine
 from rlframe.workers.weight_plan import split_generation_layout, vllm_plan
 
@@ -28,7 +28,7 @@ class GeneratorWorker(Worker):
                  actor: TrainRoleConfig | None = None):
         """actor: the actor's settings; with its LoRA on, this engine serves the adapters it is sent."""
         on_gpu = torch.cuda.is_available()
-        dtype = compute_dtype(resolve_mixed_precision(None, on_gpu=on_gpu))  # as training
+        dtype = precision_dtype(actor.precision if actor else "auto", on_gpu=on_gpu)  # as the actor trains
         self.model_path, self.tp = model_path, rollout.tp
         self.lora_config = lora_sync_config(actor) if actor is not None and actor.lora_rank > 0 else None
         self.set_mesh(Mesh.of(dp=self.world_size // rollout.tp, tp=rollout.tp))

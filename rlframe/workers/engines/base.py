@@ -196,16 +196,31 @@ class TrainEngine(abc.ABC):
                          "log-probs with a separate reference engine")
 
 
+PRECISIONS = ("auto", "fp32", "bf16")
+
+
+def mixed_precision_setting(precision: str) -> bool | None:
+    """A role's `precision` (auto | fp32 | bf16) as the engine's `mixed_precision` (None | False | True)."""
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision={precision!r}: use one of {PRECISIONS}")
+    return {"auto": None, "fp32": False, "bf16": True}[precision]
+
+
 def resolve_mixed_precision(setting: bool | None, *, on_gpu: bool) -> bool:
     """`mixed_precision` None (the default): bf16 compute with fp32 master weights on GPU, fp32 on
-    CPU (where bf16 is slower). Every engine, the rollout's dtype and the dry run's memory estimate
-    resolve it here."""
+    CPU (the same numbers on every CPU; bf16 is fast only where the CPU has AMX, and asked for with
+    precision=bf16). Every engine, the rollout's dtype and the dry run's memory estimate resolve it here."""
     return on_gpu if setting is None else setting
 
 
 def compute_dtype(mixed_precision: bool) -> torch.dtype:
     """The dtype forward and backward run in: bf16 under mixed precision, else fp32."""
     return torch.bfloat16 if mixed_precision else torch.float32
+
+
+def precision_dtype(precision: str, *, on_gpu: bool) -> torch.dtype:
+    """The dtype a role with this `precision` computes in (for the actor, its rollout engine's too)."""
+    return compute_dtype(resolve_mixed_precision(mixed_precision_setting(precision), on_gpu=on_gpu))
 
 
 def check_trainable(config: TrainEngineConfig) -> None:

@@ -33,7 +33,7 @@ from rlframe.workers.engines.base import (
     resolve_mixed_precision,
 )
 from rlframe.workers.engines.micro_batch import restore_order
-from rlframe.workers.engines.fsdp.modeling import load_config, load_model, resolve_attn_implementation
+from rlframe.workers.engines.fsdp.modeling import cpu_attention, load_config, load_model, resolve_attn_implementation
 from rlframe.workers.engines.optim import (
     build_optimizer, build_scheduler, global_grad_norm, scale_grads_,
 )
@@ -84,6 +84,8 @@ class FSDPTrainEngine(BatchedForward, TrainEngine):
     def _build_model(self):
         cfg = self.config
         attn = resolve_attn_implementation(cfg.attn_implementation, on_gpu=self.device.type == "cuda")
+        if self.device.type == "cpu":
+            attn = cpu_attention(attn, compute_dtype=self.compute_dtype)
         model = load_model(cfg.model_path, head=cfg.head, seed=cfg.seed, attn_implementation=attn)
         decoder_layers(model)  # fails early on an unsupported architecture
         self.lora = cfg.lora
