@@ -68,6 +68,7 @@ CASES = [
     ("trainer.loggers=[jsonl,foo]", "trainer.loggers", "one of console, jsonl"),
     ("actor.strategy=deepspeed", "actor.strategy='deepspeed'", "one of fsdp, megatron"),
     ("critic.lr_schedule=linear", "critic.lr_schedule='linear'", "one of constant, cosine"),
+    ("actor.precision=fp16", "actor.precision='fp16'", "one of auto, fp32, bf16"),
     ("rollout.backend=sglang", "rollout.backend='sglang'", "one of auto, vllm, hf"),
     ("resources.placement=spread", "resources.placement='spread'", "one of colocated, split"),
     ("reward.ensemble=max", "reward.ensemble='max'", "one of mean, min"),

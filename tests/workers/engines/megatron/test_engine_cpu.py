@@ -26,12 +26,12 @@ LAYOUTS = {"tp1": (1, 1, 1, False), "tp2": (2, 1, 2, False), "dp2": (1, 1, 2, Fa
 BATCH = 8
 
 
-def _engine(backend, *, head, path, tp=1, pp=1, dp=1, sp=False):
+def _engine(backend, *, head, path, tp=1, pp=1, dp=1, sp=False, mixed_precision=False):
     from rlframe.workers.engines import TrainEngineConfig, get_train_engine
 
     return get_train_engine(backend)(TrainEngineConfig(
         model_path=path, head=head, tp=tp, pp=pp, dp=dp, sequence_parallel=sp, lr=2e-3, eps=1e-3,
-        grad_clip=None, micro_batch_size=2, mixed_precision=False))
+        grad_clip=None, micro_batch_size=2, mixed_precision=mixed_precision))
 
 
 def _run_role(engine, head, batch):
@@ -111,6 +111,31 @@ def test_megatron_equals_fsdp(layout, paths, reference):
     print(f"\n{layout} worst: {max(worst.values()):.2e} {worst}")
     bad = {k: v for k, v in worst.items() if not v <= TOL}
     assert not bad, f"{layout}: {bad} (all: {worst})"
+
+
+def _bf16_tp2(rank, world, lm_path):
+    from tests.workers.engines.reference import make_batch, policy_loss
+
+    engine = _engine("megatron", head="lm", path=lm_path, tp=2, mixed_precision=True)
+    batch = make_batch(batch_size=BATCH, vocab=64, seed=3)
+    before = engine.forward_log_probs(batch, with_entropy=True)
+    losses = [engine.train_step(policy_loss, batch, with_entropy=True)["loss"] for _ in range(4)]
+    return {"log_probs": before["log_probs"].numpy(), "dtype": str(before["log_probs"].dtype), "losses": losses,
+            "params": sorted({str(p.dtype) for p in engine.model.parameters()})}
+
+
+def test_megatron_bf16_on_cpu(paths, reference):
+    """precision=bf16 (bf16 weights and compute, fp32 main weights in the distributed optimizer) at
+    TP=2 on gloo: fp32 log-probs near the fp32 reference's, the same first loss up to bf16, and it learns."""
+    from tests.workers.engines.reference import make_batch
+
+    out = run_distributed(_bf16_tp2, world_size=2, args=(paths[0],), timeout_s=600)[0]
+    mask = make_batch(batch_size=BATCH, vocab=64, seed=3)["response_mask"].numpy().astype(bool)
+    assert out["params"] == ["torch.bfloat16"] and out["dtype"] == "torch.float32"
+    diff = np.abs(out["log_probs"] - reference["lm"]["before"]["log_probs"])[mask]
+    assert 0 < float(diff.mean()) < 0.05, float(diff.mean())
+    assert out["losses"][0] == pytest.approx(reference["lm"]["loss"], rel=2e-2)
+    assert out["losses"][-1] < out["losses"][0], out["losses"]
 
 
 def _train_save_or_resume(rank, world, lm_path, ckpt_dir, export_dir, resume):
