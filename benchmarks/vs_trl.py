@@ -236,7 +236,8 @@ def run_workload(w: Workload, *, repeats: int, layouts: list[str], trl_python: P
           + (f" (bf16 {before['gflops_bf16']:.0f})" if bf16 else ""), flush=True)
     runs = []
     for rep in range(repeats):
-        for system in ["trl", *layouts, *(["baseline"] if baseline else [])]:
+        # the baseline commit runs the fp32 tables only (a commit before `precision` has no bf16)
+        for system in ["trl", *layouts, *(["baseline"] if baseline and w.precision == "fp32" else [])]:
             if system == "trl":
                 r = run_trl(trl_python, w, data, work)
             elif system == "baseline":

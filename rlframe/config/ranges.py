@@ -129,8 +129,7 @@ def _choices() -> dict[str, tuple]:
     from rlframe.workers.engines.base import PRECISIONS
 
     roles = {f"{r}.{k}": v for r in ("actor", "critic") for k, v in
-             (("strategy", ("fsdp", "megatron")), ("lr_schedule", LR_SCHEDULES),
-                                               ("precision", PRECISIONS))}
+             (("strategy", ("fsdp", "megatron")), ("lr_schedule", LR_SCHEDULES), ("precision", PRECISIONS))}
     return {"model.tiny_preset": tuple(sorted(PRESETS)), "data.task": (None, *TASKS, TOOL_TASK), **roles,
             "rollout.backend": ("auto", "vllm", "hf"), "reward.ensemble": ("mean", "min"),
             "resources.placement": ("colocated", "split"), "trainer.loggers": SINKS,

@@ -2,9 +2,10 @@
 
 The rollout engine reports, per response token, the log-prob of the distribution it sampled from
 (`rollout_log_probs`); the actor recomputes them in training (`old_log_probs`). They should agree up
-to numerics (fp32 on CPU: ~1e-5); a large gap means stale weights after a sync, a different
-temperature convention, or a kernel bug, and it biases off-policy corrections (e.g. truncated
-importance sampling). `logprob_diff_metrics` reduces the gap to two scalars for the step metrics.
+to numerics (fp32 on CPU: ~1e-5; bf16: ~5e-3 mean on the demo model); a large gap means stale
+weights after a sync, a different temperature convention, or a kernel bug, and it biases
+off-policy corrections (e.g. truncated importance sampling). `logprob_diff_metrics` reduces the
+gap to two scalars for the step metrics.
 """
 
 from __future__ import annotations
