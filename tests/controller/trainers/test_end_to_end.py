@@ -45,6 +45,10 @@ CASES = {
     "sft": ("sft_tiny", ["data.train_batch_size=16"], {"timing_s/update_actor", "timing_s/step"}),
     # bf16 mixed precision on CPU: actor and reference compute in bf16, vLLM generates in bf16
     "grpo_bf16": ("grpo_tiny", ["data.train_batch_size=4", "actor.precision=bf16"], BASE_TIMERS | {"timing_s/ref"}),
+    # the same with vLLM in its own group: fp32 shards over the weight channel into a bf16 vLLM
+    "grpo_bf16_split": ("grpo_tiny", ["data.train_batch_size=4", "actor.precision=bf16", "resources.placement=split",
+                                      "actor.dp=1", "+resources.split_procs={actor: 1, rollout: 1}"],
+                        BASE_TIMERS | {"timing_s/ref"}),
     # vLLM in its own process, weights pushed over the channel; critic and actor each in their own
     "ppo_split": ("ppo_tiny", ["data.train_batch_size=16", "resources.placement=split", "actor.dp=1", "critic.dp=1",
                                "+resources.split_procs={actor: 1, rollout: 1}"],
@@ -74,7 +78,7 @@ def test_dataflow_trains(algo, tmp_path, ray_cluster):
     end = load_file(str(Path(summary["hf_export"]) / "model.safetensors"))
     unchanged = [k for k in start if torch.equal(start[k], end[k])]
     assert not unchanged, f"{algo}: parameters did not change: {unchanged}"
-    if algo == "grpo_bf16":  # fp32 master weights exported; vLLM (bf16) samples what training computes
+    if algo.startswith("grpo_bf16"):  # fp32 master weights exported; vLLM (bf16) samples what training computes
         assert {str(t.dtype) for t in end.values()} == {"torch.float32"}
         diffs = [r["rollout/logprob_diff_mean"] for r in steps]
         print(f"\nbf16 rollout vs training log-prob gap per step: {diffs}")
