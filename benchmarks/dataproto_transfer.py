@@ -12,7 +12,7 @@ divided by the median wall time of `--repeats` runs, for:
       the object store twice; the row still divides one payload by the round-trip time);
   (d) the same with a plain dict of torch tensors (Ray's default tensor pickling), and with a dict
       of numpy arrays, which Ray hands back as read-only views of shared memory (the zero-copy
-      ceiling; DataProto copies such buffers once on arrival, see rlframe/protocol_serialize.py).
+      ceiling; DataProto copies such buffers once on arrival, see rlframe/protocol/serialize.py).
 
 Ray runs in a child process so the `RAY_ENABLE_ZERO_COPY_TORCH_TENSORS=1` variant (Ray's opt-in
 tensor reducer, which aliases shared memory and is only safe for tensors never written) can be

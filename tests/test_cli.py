@@ -1,5 +1,5 @@
 """The `rlframe` command: run/submit/status/logs/metrics/stop, against the token-authenticated test
-cluster of tests/test_jobs.py (shared: one `ray start --head` per session, stopped at its end)."""
+cluster of tests/jobs/test_jobs.py (shared: one `ray start --head` per session, stopped at its end)."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ import pytest
 
 from rlframe import jobs
 from rlframe.cli import main
-from rlframe.jobs_cluster import free_ports
-from tests.test_jobs import _py, job_cluster  # noqa: F401  (the shared cluster fixture)
+from rlframe.jobs.cluster import free_ports
+from tests.jobs.test_jobs import _py, job_cluster  # noqa: F401  (the shared cluster fixture)
 
 
 def test_run_is_the_main_job(capsys):

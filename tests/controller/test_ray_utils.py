@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from rlframe.jobs_cluster import start_local_cluster
+from rlframe.jobs.cluster import start_local_cluster
 
 REPO = Path(__file__).resolve().parents[2]
 HEAD_CPUS = 3

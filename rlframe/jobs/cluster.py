@@ -140,7 +140,7 @@ def _wait_ready(cluster: LocalCluster, *, env: dict[str, str], timeout_s: float)
     """Poll the dashboard's job API (with the token the cluster was started with) until it answers 200."""
     import requests
 
-    from rlframe.jobs_auth import auth_headers
+    from rlframe.jobs.auth import auth_headers
 
     headers = auth_headers({**os.environ, **env})
     deadline = time.monotonic() + timeout_s

@@ -20,8 +20,8 @@ from pathlib import Path
 import pytest
 
 from rlframe import jobs
-from rlframe.jobs_auth import find_token, resolve_address
-from rlframe.jobs_cluster import free_ports
+from rlframe.jobs.auth import find_token, resolve_address
+from rlframe.jobs.cluster import free_ports
 
 _CLUSTER: dict = {}
 
@@ -87,7 +87,7 @@ def test_invalid_override_is_rejected_before_submission():
 def test_run_dir_is_made_absolute_and_survives_hydra(tmp_path, monkeypatch):
     """A relative or spaced output_dir becomes one absolute override that Hydra reads back unchanged."""
     from rlframe.config import load_config
-    from rlframe.jobs import _plan_run
+    from rlframe.jobs.client import _plan_run
 
     monkeypatch.chdir(tmp_path)
     overrides, run_dir = _plan_run("grpo_tiny", ["trainer.output_dir=rel", "trainer.experiment=e1"], None)
@@ -195,7 +195,7 @@ def test_notebook_runs_top_to_bottom(job_cluster, tmp_path, monkeypatch):
     from nbclient import NotebookClient
 
     cluster, _ = job_cluster
-    repo = Path(__file__).resolve().parents[1]
+    repo = Path(__file__).resolve().parents[2]
     monkeypatch.setenv("RLFRAME_RAY_ADDRESS", cluster.address)
     monkeypatch.setenv("RLFRAME_NB_CONFIG", "grpo_tiny")
     # grpo_tiny made as short as it gets: 2 steps, one process, HF rollout, a 5-step pre-trained model

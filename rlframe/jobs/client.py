@@ -1,23 +1,6 @@
-"""Submit the main job (`python -m rlframe.main ...`) to a Ray cluster and follow it from Python.
+"""The job client: submit the main job to a Ray job server, attach to it, follow its status, logs and metrics.
 
-Dataflow: `submit()` composes and validates the config on the client (so a typo fails here, not
-minutes later on the cluster), fixes the run directory to an absolute path, and hands Ray's job
-server (the dashboard, `http://127.0.0.1:8265` by default) an entrypoint plus a runtime
-environment. The returned `JobHandle` polls the job server for status and logs and reads the run's
-`metrics.jsonl` straight from the run directory.
-
-Assumption about files: the handle reads `<trainer.output_dir>/<trainer.experiment>/metrics.jsonl`
-from the client's file system. On a local cluster the job runs on this machine, so that is the same
-directory. On a remote cluster the output directory must be on storage both sides mount (NFS, a
-shared volume), passed as `output_dir=`; otherwise `metrics()` stays empty while status and logs work.
-
-Authentication: see rlframe/jobs_auth.py (the token is found in the environment or ~/.ray/auth_token).
-
-Example:
-    >>> from rlframe import jobs
-    >>> h = jobs.submit("grpo_tiny", overrides=["trainer.total_steps=2"], address="http://127.0.0.1:8265")
-    >>> h.wait()                                   # "SUCCEEDED", or JobFailedError with the log tail
-    >>> steps, reward = h.metric("critic/score/mean")
+See the package docstring (rlframe/jobs/__init__.py) for the dataflow and the file-system assumption.
 """
 
 from __future__ import annotations
@@ -32,13 +15,13 @@ from pathlib import Path
 from typing import Iterator, Sequence
 from urllib.parse import urlparse
 
-from rlframe.jobs_auth import auth_headers, authentication_mode, find_token, resolve_address
-from rlframe.jobs_cluster import LocalCluster, start_local_cluster
+from rlframe.jobs.auth import auth_headers, authentication_mode, find_token, resolve_address
+from rlframe.jobs.cluster import LocalCluster, start_local_cluster
 
 __all__ = ["submit", "attach", "connect", "JobHandle", "ClusterNotFoundError", "JobFailedError",
            "LocalCluster", "start_local_cluster", "TERMINAL_STATES"]
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 TERMINAL_STATES = ("SUCCEEDED", "FAILED", "STOPPED")
 _META_RUN_DIR, _META_CONFIG = "rlframe_run_dir", "rlframe_config"
 _LOCAL_HOSTS = ("127.0.0.1", "localhost", "0.0.0.0", "::1")
