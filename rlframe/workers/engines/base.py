@@ -52,6 +52,9 @@ class TrainEngineConfig:
         parameters and gradients per rank during a step. False is FSDP's ZeRO-3 schedule (gather in
         forward and again in backward, reduce-scatter every micro-batch): the least memory.
         None: True on CPU (collectives there are memory copies and the models small), False on GPU.
+    shm_collectives (fsdp, CPU): FSDP's all-gathers and reduce-scatters through a shared-memory
+        buffer when every dp rank is on this host (fsdp/shm_comm.py), gloo's barriers around them;
+        None: wherever it applies; False: gloo for everything.
     lora_rank (fsdp): > 0 trains LoRA adapters of this rank on `lora_target_modules` (projection
         names) instead of the whole model; the base weights stay frozen (engines/lora.py).
         lora_alpha scales the adapters' output by lora_alpha / lora_rank; lora_dropout is applied
@@ -81,6 +84,7 @@ class TrainEngineConfig:
     seed: int = 0
     frozen: bool = False
     gather_once_per_step: bool | None = None
+    shm_collectives: bool | None = None
     lora_rank: int = 0
     lora_alpha: float = 16.0
     lora_target_modules: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",

@@ -41,6 +41,7 @@ from rlframe.workers.engines.packing import pack_inputs, padded_inputs, response
 from rlframe.workers.engines.fsdp.parallelize import (
     apply_fsdp, apply_tensor_parallel, build_mesh, check_mesh, check_model_fits, decoder_layers, reshard_all,
 )
+from rlframe.workers.engines.fsdp import shm_comm
 from rlframe.workers.engines.fsdp.shards import local_shards
 from rlframe.workers.engines.fsdp.vocab_parallel import token_log_probs
 
@@ -100,6 +101,8 @@ class FSDPTrainEngine(BatchedForward, TrainEngine):
             apply_tensor_parallel(model, self.mesh["tp"], head=cfg.head)
         apply_fsdp(model, self.mesh["dp"], mixed_precision=self.mixed_precision,
                    reshard_after_forward=not self.gather_once)
+        self.shm_collectives = (self.device.type == "cpu" and cfg.shm_collectives is not False
+                                and shm_comm.install(model, self.dp_group))
         self.pad_token_id = int(model.config.pad_token_id or 0)
         self.vocab_size = int(model.config.vocab_size)
         return model

@@ -1,0 +1,86 @@
+"""FSDP's collectives through shared memory (fsdp/shm_comm.py) on real gloo ranks: the same bytes
+as gloo's all-gather and reduce-scatter (bit for bit at two ranks, where gloo adds a + b), and an
+engine that uses them trains to bit-identical weights; ranks on several hosts keep gloo."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from rlframe.utils.spawn import run_distributed
+from tests.workers.engines.reference import dp_slice, engine_on_mesh, make_batch, sft_loss
+
+
+def _collectives(rank, world):
+    import torch
+    import torch.distributed as dist
+
+    from rlframe.workers.engines.fsdp.shm_comm import SharedMemoryComm
+
+    group = dist.group.WORLD
+    comm = SharedMemoryComm(group)
+    g = torch.Generator().manual_seed(100 + rank)
+    out = {}
+    for n, dtype in ((5, torch.float32), (1000, torch.float32), (7, torch.bfloat16)):  # the segment grows
+        shard = torch.randn(n, generator=g).to(dtype)
+        mine, ref = torch.empty(n * world, dtype=dtype), torch.empty(n * world, dtype=dtype)
+        comm(mine, shard, group)
+        dist.all_gather_into_tensor(ref, shard)
+        out[f"all_gather_{n}_{dtype}"] = torch.equal(mine, ref)
+    for op in (dist.ReduceOp.SUM, dist.ReduceOp.AVG):
+        full = torch.randn(world * 333, generator=g)
+        mine, ref = torch.empty(333), torch.empty(333)
+        comm(mine, full, group, op=op)
+        dist.reduce_scatter_tensor(ref, full.clone(), op=op)
+        out[f"reduce_scatter_{op}"] = (torch.equal(mine, ref), float((mine - ref).abs().max()))
+    return out
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_shared_memory_collectives_match_gloo(world):
+    for r in run_distributed(_collectives, world_size=world, timeout_s=120):
+        for name, value in r.items():
+            if name.startswith("all_gather"):
+                assert value, name
+            else:
+                equal, diff = value
+                assert equal if world == 2 else diff < 1e-5, (name, diff)
+
+
+def _engines(rank, world, path):
+    import rlframe.workers.engines.fsdp.shm_comm as shm_comm
+
+    batch = make_batch(batch_size=8, seed=3)
+    states, used = [], []
+    for shm in (False, None):
+        engine = engine_on_mesh(path, dp=2, tp=1, world=world, micro_batch_size=2, lr=1e-3, shm_collectives=shm)
+        mine, _ = dp_slice(batch, engine)
+        losses = [engine.train_step(sft_loss, mine)["loss"] for _ in range(3)]
+        states.append({k: v.numpy().copy() for k, v in engine.full_state_dict().items()})
+        used.append((engine.shm_collectives, losses))
+    real = shm_comm.socket.gethostname
+    if rank == 1:  # pretend the second rank is on another machine: shared memory does not apply
+        shm_comm.socket.gethostname = lambda: real() + "-elsewhere"
+    try:
+        elsewhere = engine_on_mesh(path, dp=2, tp=1, world=world, lr=1e-3).shm_collectives
+    finally:
+        shm_comm.socket.gethostname = real
+    return states, used, elsewhere
+
+
+@pytest.fixture(scope="module")
+def model_path(tmp_path_factory):
+    from rlframe.data.tiny_model import build_random_model
+
+    return str(build_random_model(tmp_path_factory.mktemp("shm") / "m", preset="test", seed=0))
+
+
+def test_engine_with_shared_memory_collectives_trains_bit_identically(model_path):
+    for states, used, elsewhere in run_distributed(_engines, world_size=2, args=(model_path,), timeout_s=300):
+        (gloo_only, gloo_losses), (shm, shm_losses) = used
+        assert gloo_only is False and shm is True and elsewhere is False
+        assert gloo_losses == shm_losses and gloo_losses[-1] < gloo_losses[0]
+        gloo_state, shm_state = states
+        assert gloo_state.keys() == shm_state.keys()
+        for name in gloo_state:
+            np.testing.assert_array_equal(gloo_state[name], shm_state[name], err_msg=name)
