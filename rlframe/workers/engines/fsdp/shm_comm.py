@@ -7,8 +7,10 @@ one host can share a buffer instead (a file in /dev/shm mapped by every rank):
 
 - all-gather: each rank copies its shard into its slot, a barrier, each rank copies the whole
   buffer into its output, a barrier (so no rank overwrites a slot another is still reading);
-- reduce-scatter: each rank copies its whole input into its slot, a barrier, each rank adds up
-  its own range of every slot, in rank order, into its output, a barrier.
+- reduce-scatter: each rank copies its whole input into its slots (one per destination rank), a
+  barrier, each rank adds up its own range from every rank's slot, in rank order, into its output,
+  a barrier.
+Collectives larger than the segment (at most SEGMENT_BYTES per dp group) go in chunks.
 
 The barriers are gloo's (the process group's), so ordering and failure behave as before; only the
 bulk bytes move through memory. The sums are those gloo computes for two ranks bit for bit (a + b,
@@ -34,6 +36,9 @@ from torch.distributed.fsdp._fully_shard._fsdp_api import AllGather, ReduceScatt
 SHM_DIR = "/dev/shm"
 # Never take more than this fraction of /dev/shm's free space (Ray's object store lives there too).
 MAX_SHARE_OF_FREE = 0.25
+# The most one dp group maps; larger collectives go through it in chunks (12m, 2 ranks: 95 MB of
+# reduce-scatter slots, two chunks).
+SEGMENT_BYTES = 64 << 20
 
 
 class SharedSegment:
@@ -64,23 +69,21 @@ class SharedSegment:
 
 
 class SharedMemoryComm(AllGather, ReduceScatter):
-    """FSDP2's custom all-gather and reduce-scatter (one object serves both, for one group)."""
+    """FSDP2's custom all-gather and reduce-scatter (one object serves both, for one group), through
+    one segment of `nbytes`: collectives larger than it go in chunks, two barriers each."""
 
-    def __init__(self, group: dist.ProcessGroup):
+    def __init__(self, group: dist.ProcessGroup, nbytes: int = SEGMENT_BYTES):
         self.group = group
         self.world = dist.get_world_size(group)
         self.rank = dist.get_rank(group)
-        self.segment: SharedSegment | None = None
+        self.segment = SharedSegment(group, nbytes)
 
     def allocate(self, size, *, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
         return torch.empty(*size, dtype=dtype, device=device)
 
-    def _buffer(self, numel: int, dtype: torch.dtype) -> torch.Tensor:
-        nbytes = numel * dtype.itemsize
-        if self.segment is None or self.segment.nbytes < nbytes:  # same sizes on every rank: collective
-            self.segment = None
-            self.segment = SharedSegment(self.group, nbytes)
-        return self.segment.view(numel, dtype)
+    def _chunk(self, dtype: torch.dtype, slots: int) -> int:
+        """Elements per slot when the segment holds `slots` slots of `dtype`."""
+        return max(1, self.segment.nbytes // (dtype.itemsize * slots))
 
     def _check_group(self, group) -> None:
         if group is not self.group and dist.get_process_group_ranks(group) != dist.get_process_group_ranks(self.group):
@@ -94,32 +97,38 @@ class SharedMemoryComm(AllGather, ReduceScatter):
         return self.reduce_scatter(output_tensor, input_tensor, op)
 
     def all_gather(self, output: torch.Tensor, shard: torch.Tensor) -> None:
-        n = shard.numel()
-        if output.numel() != n * self.world:
-            raise ValueError(f"all-gather output has {output.numel()} elements, expected {n} x {self.world}")
-        buf = self._buffer(n * self.world, shard.dtype)
-        buf[self.rank * n: (self.rank + 1) * n].copy_(shard.reshape(-1))
-        dist.barrier(group=self.group)
-        output.view(-1).copy_(buf)
-        dist.barrier(group=self.group)
+        w, n = self.world, shard.numel()
+        if output.numel() != n * w:
+            raise ValueError(f"all-gather output has {output.numel()} elements, expected {n} x {w}")
+        c = self._chunk(shard.dtype, w)
+        buf, src, dst = self.segment.view(w * c, shard.dtype).view(w, c), shard.reshape(-1), output.view(w, n)
+        for off in range(0, n, c):
+            k = min(c, n - off)
+            buf[self.rank, :k].copy_(src[off:off + k])
+            dist.barrier(group=self.group)
+            dst[:, off:off + k].copy_(buf[:, :k])
+            dist.barrier(group=self.group)
 
     def reduce_scatter(self, output: torch.Tensor, full: torch.Tensor, op) -> None:
         if op not in (dist.ReduceOp.SUM, dist.ReduceOp.AVG):
             return dist.reduce_scatter_tensor(output, full, op=op, group=self.group)
-        total, n = full.numel(), output.numel()
-        if total != n * self.world:
-            raise ValueError(f"reduce-scatter input has {total} elements, expected {n} x {self.world}")
-        buf = self._buffer(total * self.world, full.dtype)
-        buf[self.rank * total: (self.rank + 1) * total].copy_(full.reshape(-1))
-        dist.barrier(group=self.group)
-        slots = buf.view(self.world, self.world, n)[:, self.rank]  # every rank's copy of my range
-        out = output.view(-1)
-        torch.add(slots[0], slots[1], out=out)
-        for r in range(2, self.world):
-            out.add_(slots[r])
-        if op == dist.ReduceOp.AVG:
-            out.div_(self.world)
-        dist.barrier(group=self.group)
+        w, n = self.world, output.numel()
+        if full.numel() != n * w:
+            raise ValueError(f"reduce-scatter input has {full.numel()} elements, expected {n} x {w}")
+        c = self._chunk(full.dtype, w * w)
+        # slot [src, dst]: rank src's values of rank dst's range
+        buf, src, out = self.segment.view(w * w * c, full.dtype).view(w, w, c), full.view(w, n), output.view(-1)
+        for off in range(0, n, c):
+            k = min(c, n - off)
+            buf[self.rank, :, :k].copy_(src[:, off:off + k])
+            dist.barrier(group=self.group)
+            mine, part = buf[:, self.rank, :k], out[off:off + k]
+            torch.add(mine[0], mine[1], out=part)  # in rank order, as gloo adds two ranks
+            for r in range(2, w):
+                part.add_(mine[r])
+            if op == dist.ReduceOp.AVG:
+                part.div_(w)
+            dist.barrier(group=self.group)
         return None
 
 
@@ -144,15 +153,15 @@ def install(model: torch.nn.Module, group: dist.ProcessGroup) -> bool:
         return False
     world = dist.get_world_size(group)
     fsdp_modules = [m for m in model.modules() if isinstance(m, FSDPModule)]
-    # the segment holds every rank's copy of the largest reduce-scatter input (a module's padded
-    # fp32 gradients): world x world x (the module's largest local shard)
+    # enough for every rank's copy of the largest reduce-scatter input in one go (a module's padded
+    # fp32 gradients: world x world x its local shard), at most SEGMENT_BYTES
     largest = max((sum(p.to_local().numel() for p in _own_params(m)) for m in fsdp_modules), default=0)
-    needed = 4 * largest * world * world
-    ok = torch.tensor([int(_one_host(group) and _room_for(needed))])
+    nbytes = max(1, min(SEGMENT_BYTES, 4 * largest * world * world))
+    ok = torch.tensor([int(_one_host(group) and _room_for(nbytes))])
     dist.all_reduce(ok, op=dist.ReduceOp.MIN, group=group)  # every rank decides the same
     if not ok.item():
         return False
-    comm = SharedMemoryComm(group)
+    comm = SharedMemoryComm(group, nbytes)
     for m in fsdp_modules:
         m.set_custom_all_gather(comm)
         m.set_custom_reduce_scatter(comm)
