@@ -46,9 +46,12 @@ class SharedSegment:
 
     def __init__(self, group: dist.ProcessGroup, nbytes: int):
         rank = dist.get_rank(group)
-        name = [f"rlframe-fsdp-{uuid.uuid4().hex}" if rank == 0 else None]
-        dist.broadcast_object_list(name, group_src=0, group=group)
-        path = os.path.join(SHM_DIR, name[0])
+        sizes = [None] * dist.get_world_size(group)
+        dist.all_gather_object(sizes, (f"rlframe-fsdp-{uuid.uuid4().hex}", nbytes), group=group)
+        if len({n for _, n in sizes}) != 1:  # every rank would chunk differently and the barriers mismatch
+            raise ValueError(f"ranks asked for shared segments of different sizes {[n for _, n in sizes]}; "
+                             "every rank of the group must pass the same nbytes")
+        path = os.path.join(SHM_DIR, sizes[0][0])
         if rank == 0:
             fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
             try:
@@ -153,10 +156,14 @@ def install(model: torch.nn.Module, group: dist.ProcessGroup) -> bool:
         return False
     world = dist.get_world_size(group)
     fsdp_modules = [m for m in model.modules() if isinstance(m, FSDPModule)]
-    # enough for every rank's copy of the largest reduce-scatter input in one go (a module's padded
-    # fp32 gradients: world x world x its local shard), at most SEGMENT_BYTES
-    largest = max((sum(p.to_local().numel() for p in _own_params(m)) for m in fsdp_modules), default=0)
-    nbytes = max(1, min(SEGMENT_BYTES, 4 * largest * world * world))
+    # enough for every rank's copy of the largest reduce-scatter input in one go (a module's fp32
+    # gradients: world x world x its padded shard), at most SEGMENT_BYTES; the padded size is the
+    # same on every rank (an uneven shard, such as a 1-row value head, is empty on some), and the
+    # ranks take the maximum all the same: they must agree or they would chunk differently
+    largest = max((sum(_padded_numel(m)) for m in fsdp_modules), default=0)
+    nbytes = torch.tensor([max(1, min(SEGMENT_BYTES, 4 * largest * world * world))])
+    dist.all_reduce(nbytes, op=dist.ReduceOp.MAX, group=group)
+    nbytes = int(nbytes.item())
     ok = torch.tensor([int(_one_host(group) and _room_for(nbytes))])
     dist.all_reduce(ok, op=dist.ReduceOp.MIN, group=group)  # every rank decides the same
     if not ok.item():
@@ -168,7 +175,8 @@ def install(model: torch.nn.Module, group: dist.ProcessGroup) -> bool:
     return True
 
 
-def _own_params(module: FSDPModule):
-    """The parameters this FSDP module manages (not those of FSDP modules inside it)."""
+def _padded_numel(module: FSDPModule):
+    """The padded shard sizes of the parameters this FSDP module manages (not those of FSDP
+    modules inside it): what its all-gather inputs are made of."""
     state = module._get_fsdp_state()
-    return [fp.sharded_param for group in state._fsdp_param_groups for fp in group.fsdp_params]
+    return [fp.padded_sharded_param_size.numel() for group in state._fsdp_param_groups for fp in group.fsdp_params]

@@ -1,6 +1,7 @@
 """FSDP's collectives through shared memory (fsdp/shm_comm.py) on real gloo ranks: the same bytes
 as gloo's all-gather and reduce-scatter (bit for bit at two ranks, where gloo adds a + b), and an
-engine that uses them trains to bit-identical weights; ranks on several hosts keep gloo."""
+engine that uses them trains to bit-identical weights, an actor and a critic (whose 1-row value
+head is sharded unevenly: empty on the second rank); ranks on several hosts keep gloo."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import numpy as np
 import pytest
 
 from rlframe.utils.spawn import run_distributed
-from tests.workers.engines.reference import dp_slice, engine_on_mesh, make_batch, sft_loss
+from tests.workers.engines.reference import dp_slice, engine_on_mesh, make_batch, sft_loss, value_loss
 
 
 def _collectives(rank, world):
@@ -34,6 +35,11 @@ def _collectives(rank, world):
             comm(mine, full, group, op=op)
             dist.reduce_scatter_tensor(ref, full.clone(), op=op)
             out[f"{size}_reduce_scatter_{op}"] = (torch.equal(mine, ref), float((mine - ref).abs().max()))
+    try:  # ranks that disagree on the size would chunk differently: refused on every rank
+        SharedMemoryComm(group, nbytes=100 + rank)
+        out["refuses_unequal_sizes"] = False
+    except ValueError as e:
+        out["refuses_unequal_sizes"] = "different sizes" in str(e)
     return out
 
 
@@ -41,7 +47,7 @@ def _collectives(rank, world):
 def test_shared_memory_collectives_match_gloo(world):
     for r in run_distributed(_collectives, world_size=world, timeout_s=120):
         for name, value in r.items():
-            if "all_gather" in name:
+            if "all_gather" in name or name == "refuses_unequal_sizes":
                 assert value, name
             else:
                 equal, diff = value
@@ -52,13 +58,17 @@ def _engines(rank, world, path):
     import rlframe.workers.engines.fsdp.shm_comm as shm_comm
 
     batch = make_batch(batch_size=8, seed=3)
-    states, used = [], []
-    for shm in (False, None):
-        engine = engine_on_mesh(path, dp=2, tp=1, world=world, micro_batch_size=2, lr=1e-3, shm_collectives=shm)
-        mine, _ = dp_slice(batch, engine)
-        losses = [engine.train_step(sft_loss, mine)["loss"] for _ in range(3)]
-        states.append({k: v.numpy().copy() for k, v in engine.full_state_dict().items()})
-        used.append((engine.shm_collectives, losses))
+    states, used = {}, {}
+    for head, loss in (("lm", sft_loss), ("value", value_loss)):
+        for shm in (False, None):
+            engine = engine_on_mesh(path, dp=2, tp=1, world=world, head=head, micro_batch_size=2, lr=1e-3,
+                                    shm_collectives=shm)
+            mine, _ = dp_slice(batch, engine)
+            losses = [engine.train_step(loss, mine)["loss"] for _ in range(3)]
+            if head == "value":  # a forward after the steps gathers the trained shards
+                losses.append(engine.forward_values(mine).sum().item())
+            states[head, shm] = {k: v.numpy().copy() for k, v in engine.full_state_dict().items()}
+            used[head, shm] = (engine.shm_collectives, losses)
     real = shm_comm.socket.gethostname
     if rank == 1:  # pretend the second rank is on another machine: shared memory does not apply
         shm_comm.socket.gethostname = lambda: real() + "-elsewhere"
@@ -78,10 +88,12 @@ def model_path(tmp_path_factory):
 
 def test_engine_with_shared_memory_collectives_trains_bit_identically(model_path):
     for states, used, elsewhere in run_distributed(_engines, world_size=2, args=(model_path,), timeout_s=300):
-        (gloo_only, gloo_losses), (shm, shm_losses) = used
-        assert gloo_only is False and shm is True and elsewhere is False
-        assert gloo_losses == shm_losses and gloo_losses[-1] < gloo_losses[0]
-        gloo_state, shm_state = states
-        assert gloo_state.keys() == shm_state.keys()
-        for name in gloo_state:
-            np.testing.assert_array_equal(gloo_state[name], shm_state[name], err_msg=name)
+        assert elsewhere is False
+        for head in ("lm", "value"):
+            (gloo_only, gloo_losses), (shm, shm_losses) = used[head, False], used[head, None]
+            assert gloo_only is False and shm is True, head
+            assert gloo_losses == shm_losses and gloo_losses[2] < gloo_losses[0], (head, gloo_losses, shm_losses)
+            gloo_state, shm_state = states[head, False], states[head, None]
+            assert gloo_state.keys() == shm_state.keys()
+            for name in gloo_state:
+                np.testing.assert_array_equal(gloo_state[name], shm_state[name], err_msg=f"{head}: {name}")
