@@ -21,8 +21,10 @@ still outstanding is compiled too, whatever its length, and calls issued togethe
 (`blocking=False`) behave as on the plain path.
 
 Payload of a rank: `(role, method, args, kwargs, collect)` pickled by the driver (ObjectRefs set
-aside and sent natively beside the bytes), or None where the rank is not called; the answer is
-`(output, seconds)` pickled by the rank, or an object-store reference to it above OUTPUT_INLINE_BYTES.
+aside and sent natively beside the bytes) with the ids of the rank's stored answers the driver has
+fetched since its last payload, or None where the rank is not called; the answer is `(output,
+seconds)` pickled by the rank, or an object-store reference to it above OUTPUT_INLINE_BYTES, which
+the rank holds until the driver has fetched it (`answer`).
 Pickling in-band means nothing either side keeps aliases a channel's shared memory: Ray deserializes
 numpy buffers from a channel without copying, and an array kept from one call pins the channel so
 that the next call cannot be written (it hangs). Every rank reads the whole input, so DataProtos go
@@ -81,9 +83,13 @@ class CompiledCalls:
             dag = MultiOutputNode([a.call_packed.bind(inp[i]) for i, a in enumerate(actors)])
         self.graph = dag.experimental_compile()
         self.usable = True
+        # per rank: ids of its object-store answers the driver has fetched, for the rank to release
+        self._fetched: dict[int, list[str]] = {}
 
     def submit(self, payloads: list) -> list:
-        """Start one call (the ranks run it in submission order); its CompiledDAGRefs, one per rank."""
+        """Start one call (the ranks run it in submission order); its CompiledDAGRefs, one per rank.
+        A called rank's payload also carries the ids of its stored answers fetched since (`answer`)."""
+        payloads = [None if p is None else (*p, self._fetched.pop(rank, [])) for rank, p in enumerate(payloads)]
         try:
             return self.graph.execute(*payloads)
         except Exception as err:  # a closed channel, a dead process
@@ -107,6 +113,7 @@ class CompiledCalls:
             raise CompiledCallError(f"{type(err).__name__}: {err}") from err
         stored = [i for i, a in enumerate(answers) if isinstance(a, ray.ObjectRef)]
         for i, value in zip(stored, ray.get([answers[i] for i in stored])):
+            self._fetched.setdefault(i, []).append(answers[i].hex())
             answers[i] = value
         return [pickle.loads(a) if isinstance(a, bytes) else a for a in answers]
 
@@ -150,11 +157,18 @@ def decode(data: bytes, refs: list):
     return _Unpickler(io.BytesIO(data)).load()
 
 
-def answer(value):
-    """A rank's answer to the driver: pickled bytes, or a reference to the object store when large."""
+def answer(value, held: dict):
+    """A rank's answer to the driver: pickled bytes, or a reference to the object store when large.
+
+    The rank owns what it puts, and a reference that leaves through a channel is not counted as
+    the driver's borrow: were the rank to drop it, Ray could delete the object before the driver
+    fetches it ("already deleted by the reference counting protocol"). So the rank holds it in
+    `held` until the driver names it among the answers it has fetched (the next payload's ids)."""
     data = pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
     if len(data) <= OUTPUT_INLINE_BYTES:
         return data
     import ray
 
-    return ray.put(value)
+    ref = ray.put(value)
+    held[ref.hex()] = ref
+    return ref

@@ -31,6 +31,7 @@ class WorkerHost:
         self.num_threads = max(1, num_threads)
         torch.set_num_threads(self.num_threads)
         self._thread = threading.local()  # per-thread setup of the compiled call path
+        self._held_answers: dict = {}  # object-store answers of compiled calls the driver has not fetched yet
         self.group, self.rank, self.world_size = group, rank, world_size
         self.backend = "nccl" if torch.cuda.is_available() else "gloo"
         self.roles: dict[str, object] = {}
@@ -88,11 +89,18 @@ class WorkerHost:
 
             torch.set_num_threads(self.num_threads)
             self._thread.ready = True
-        role, method, args, kwargs, collect = compiled.decode(*payload)
-        return compiled.answer(self.call(role, method, args, kwargs, collect))
+        data, refs, fetched = payload
+        for ref_id in fetched:  # answers the driver has fetched: this rank may let them go
+            self._held_answers.pop(ref_id, None)
+        role, method, args, kwargs, collect = compiled.decode(data, refs)
+        return compiled.answer(self.call(role, method, args, kwargs, collect), self._held_answers)
 
     def pid(self) -> int:
         return os.getpid()
+
+    def held_answers(self) -> int:
+        """How many object-store answers of compiled calls this rank still holds for the driver."""
+        return len(self._held_answers)
 
     def shutdown(self) -> None:
         import torch.distributed as dist
