@@ -13,7 +13,7 @@ Per-token outputs are aligned with `responses`: `log_probs[:, r]` is log p(respo
 from __future__ import annotations
 
 import abc
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
@@ -256,7 +256,7 @@ class BatchedForward:
                           disable_adapter: bool = False):
         if self.config.head != "lm":
             raise ValueError("forward_log_probs needs an engine with head='lm' (this one is a critic)")
-        with self.adapters_disabled() if disable_adapter else nullcontext():
+        with self.adapters_disabled() if disable_adapter else nullcontext(), eval_mode(self):
             return self._forward_batch(batch, temperature=temperature, with_entropy=with_entropy,
                                        micro_batch_size=micro_batch_size, max_tokens=max_tokens_per_micro_batch)
 
@@ -264,9 +264,28 @@ class BatchedForward:
                        max_tokens_per_micro_batch: int | None = None):
         if self.config.head != "value":
             raise ValueError("forward_values needs an engine with head='value' (a critic)")
-        out = self._forward_batch(batch, temperature=1.0, with_entropy=False, micro_batch_size=micro_batch_size,
-                                  max_tokens=max_tokens_per_micro_batch)
+        with eval_mode(self):
+            out = self._forward_batch(batch, temperature=1.0, with_entropy=False, micro_batch_size=micro_batch_size,
+                                      max_tokens=max_tokens_per_micro_batch)
         return None if out is None else out["values"]
+
+
+@contextmanager
+def eval_mode(engine):
+    """Forward-only passes run every module in eval mode: the log-probs and values they compute are
+    functions of the weights, never of a dropout mask (a LoRA adapter's dropout stays active in
+    train mode, which would make old log-probs and a critic's values random). Each module's own
+    mode is restored afterwards, so training keeps exactly the modes it had."""
+    models = getattr(engine, "model", None)
+    models = models if isinstance(models, (list, tuple)) else [models]
+    modes = [(m, m.training) for model in models if isinstance(model, torch.nn.Module) for m in model.modules()]
+    for m, _ in modes:
+        m.training = False
+    try:
+        yield
+    finally:
+        for m, training in modes:
+            m.training = training
 
 
 def as_tensor_dict(batch) -> Mapping[str, torch.Tensor]:

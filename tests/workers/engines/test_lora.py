@@ -287,3 +287,27 @@ def test_resharding_layout_splits_adapters_like_the_engine():
     assert hf_tp_split_dim(p + "self_attn.q_proj.lora_A.weight") is None
     assert hf_tp_split_dim(p + "mlp.down_proj.lora_A.weight") == 1  # row-parallel: A on in
     assert hf_tp_split_dim(p + "mlp.down_proj.lora_B.weight") is None
+
+
+def _dropout_forwards(rank, world, path):
+    """A LoRA engine with dropout 0.5: after one step (lora_B nonzero), forward-only passes are
+    functions of the weights (eval mode), while the training forward still drops."""
+    batch = make_batch(batch_size=4, seed=3)
+    out = {}
+    for head in ("lm", "value"):
+        engine = _engine(path, dp=1, tp=1, world=world, head=head, lora_dropout=0.5, lr=5e-2)
+        loss = policy_loss if head == "lm" else value_loss
+        engine.train_step(loss, batch, with_entropy=head == "lm")
+        forward = (lambda: engine.forward_log_probs(batch)["log_probs"]) if head == "lm" else \
+            (lambda: engine.forward_values(batch))
+        out[head] = [forward().numpy() for _ in range(2)]
+        out[f"{head}_training"] = all(m.training for m in engine.model.modules())
+    return out
+
+
+def test_lora_dropout_is_off_in_forward_only_passes(model_path):
+    (res,) = run_distributed(_dropout_forwards, world_size=1, args=(model_path,), timeout_s=120)
+    for head in ("lm", "value"):
+        first, second = res[head]
+        assert np.array_equal(first, second), f"{head}: forward-only passes differ by dropout masks"
+        assert res[f"{head}_training"], f"{head}: the engine must stay in train mode for its updates"
