@@ -89,7 +89,7 @@ class RFTTrainer(PPOTrainer):
                 nll = self.roles.actor.response_nll(batch).batch["nll"]
             if accepted.any():
                 m["rft/accepted_nll_before"] = float(nll[accepted].mean())
-            batch.meta_info = {"global_step": self.step, "temperature": self.cfg.rollout.temperature}
+            batch.meta_info = self.step_meta()
             with timed(t, "update_actor"):
                 m.update(gathered(self.roles.actor.update_actor(batch)))
             if accepted.any():  # the step should make the accepted answers more likely

@@ -25,7 +25,8 @@ from rlframe.resharding.channel import P2PChannel
 from rlframe.resharding.executor import execute_plan
 from rlframe.resharding.layout import generation_layout
 from rlframe.workers.common import (
-    LOSS_WEIGHTING, build_train_engine, lora_sync_config, metrics_only, prefixed, rollout_config, train_mesh,
+    LOSS_WEIGHTING, build_train_engine, lora_sync_config, metrics_only, prefixed, rollout_config, sampling_temperature,
+    train_mesh,
 )
 from rlframe.workers.losses import actor_loss_fn, check_on_policy, dpo_loss_fn, sft_loss_fn
 from rlframe.workers.rollout import SamplingConfig, build_rollout_engine
@@ -136,7 +137,7 @@ class ActorWorker(TrainedRole):
     @register(dispatch=Dispatch.DP_COMPUTE)
     def compute_log_prob(self, data: DataProto) -> DataProto:
         """Log-probs (B, R) of the responses under the current policy: `old_log_probs`."""
-        out = self.engine.forward_log_probs(data, temperature=data.meta_info.get("temperature", 1.0),
+        out = self.engine.forward_log_probs(data, temperature=sampling_temperature(data),
                                             with_entropy=True)
         if out is None:
             return None  # not the last pipeline stage: the dispatcher collects from that one
@@ -148,7 +149,7 @@ class ActorWorker(TrainedRole):
         if not self.lora:
             raise ValueError("the actor serves reference log-probs only with LoRA (its base model with adapters "
                              "off); without it the run has a reference worker group")
-        out = self.engine.forward_log_probs(data, temperature=data.meta_info.get("temperature", 1.0),
+        out = self.engine.forward_log_probs(data, temperature=sampling_temperature(data),
                                             disable_adapter=True)
         if out is None:
             return None
@@ -157,7 +158,7 @@ class ActorWorker(TrainedRole):
     @register(dispatch=Dispatch.DP_COMPUTE)
     def update_actor(self, data: DataProto) -> DataProto:
         """PPO-style epochs over shuffled mini-batches; one optimizer step per mini-batch."""
-        temperature = data.meta_info.get("temperature", 1.0)
+        temperature = sampling_temperature(data)
         if self.algo.name == "online_dpo":
             return self._update_dpo(data, temperature=temperature)
         on_policy = bool(data.meta_info.get("on_policy", False))  # set by the trainer: see actor_loss_fn

@@ -85,6 +85,7 @@ def test_update_reshard_generate_matches_transformers(dp, tp, tmp_path, ray_clus
 
         assert not torch.equal(before.batch["responses"], after.batch["responses"]), "weights did not reach vLLM"
         assert responses_equal(after, hf_greedy(tmp_path / "updated", batch), tok.eos_token_id)
+        after.meta_info = {"temperature": 1.0}  # greedy: vLLM's log-probs are of the raw logits
         lp = group.compute_log_prob(after).batch["old_log_probs"]
         mask = after.batch["response_mask"].bool()
         diff = (lp - after.batch["rollout_log_probs"]).abs()[mask]

@@ -38,9 +38,10 @@ class OnlineDPOTrainer(PPOTrainer):
                 m.update({**gen_m, **reward_m, **t})
                 return m
             pairs = self.pair_batch(batch, chosen, rejected)
+            pairs.meta_info = self.step_meta()  # before the reference's log-probs: both at the temperature
             with timed(t, "ref"):
                 pairs = pairs.union(self.roles.ref.compute_ref_log_prob(pairs))
-            pairs.meta_info = {"global_step": self.step, "temperature": self.cfg.rollout.temperature}
+            pairs.meta_info = self.step_meta()
             with timed(t, "update_actor"):
                 m.update(gathered(self.roles.actor.update_actor(pairs)))
         t["timing_s/update_weights"] = gen_m.pop("timing_s/update_weights", 0.0)

@@ -123,6 +123,9 @@ class PPOTrainer:
             # reference log-probs, old log-probs and values need only the batch: issued together, so
             # groups in their own processes (split placement) compute them at once
             on_policy = phases.update_is_on_policy(self.cfg, rows=len(batch))
+            # every log-prob of the sampled tokens (reference, old, the update's) is taken at the
+            # rollout's temperature: stamped before the first call that computes one
+            batch.meta_info = self.step_meta(on_policy=on_policy)
             pending = {}
             if self.roles.ref is not None:
                 pending["ref"] = self.roles.ref.compute_ref_log_prob(batch, blocking=False)
@@ -140,8 +143,7 @@ class PPOTrainer:
                     batch, is_m = phases.off_policy_correction(batch, cfg=self.cfg)
                     adv_m.update(is_m)
             adv_m.update(phases.reference_kl(batch))
-            batch.meta_info = {"global_step": self.step, "temperature": self.cfg.rollout.temperature,
-                               "on_policy": on_policy}
+            batch.meta_info = self.step_meta(on_policy=on_policy)
             updates = {}  # independent: the critic and the actor update at once when in separate groups
             if self.roles.critic is not None:
                 updates["update_critic"] = self.roles.critic.update_critic(batch, blocking=False)
@@ -159,6 +161,11 @@ class PPOTrainer:
         return m
 
     # ---- phases --------------------------------------------------------------------------------
+    def step_meta(self, **extra) -> dict:
+        """What every worker call on this step's batch reads from `meta_info`: the step (mini-batch
+        shuffling) and the rollout's sampling temperature (log-probs are of logits / T)."""
+        return {"global_step": self.step, "temperature": self.cfg.rollout.temperature, **extra}
+
     def next_rollout(self) -> tuple[DataProto, dict]:
         """This step's batch: generated now by the current weights (synchronous), or earlier by weights
         at most trainer.max_staleness updates older (asynchronous: async_rollout.RolloutPipeline), or
