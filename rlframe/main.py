@@ -36,10 +36,12 @@ def main(argv: list[str] | None = None) -> int:
 
         print(f"config {name}: valid (dry run: model/data paths are not checked)\n{describe_run(cfg)}")
         return 0
+    from rlframe.controller.startup import check_cpu_precision
     from rlframe.controller.trainers import run_training
     from rlframe.controller.trainers.nonfinite import NonFiniteTrainingError
     from rlframe.controller.trainers.restart import WorkerRestartsExhausted
 
+    check_cpu_precision(cfg)  # bf16 on a CPU whose bf16 matmuls are slower than fp32: say so
     try:
         run_training(cfg, config_name=name)
     except ConfigError as err:  # what a joined Ray cluster cannot provide, found once joined

@@ -8,6 +8,9 @@ are included). The trainer prints `summary()` before its first step and logs the
     mark("ray")            # after Ray started
     mark("worker processes")
     print(summary())       # "start-up 14.2 s: python, imports and config 3.1, ray 4.0, ..."
+
+`check_cpu_precision(cfg)` (called by rlframe.main before anything starts) measures this CPU's fp32
+and bf16 matmul rates when a CPU run asks for bf16, and says so when bf16 is the slower.
 """
 
 from __future__ import annotations
@@ -73,3 +76,52 @@ def metrics() -> dict[str, float]:
     out = {f"timing_s/startup/{re.sub(r'[^a-z0-9]+', '_', k.lower()).strip('_')}": v for k, v in stages.items()}
     out["timing_s/startup/total"] = sum(stages.values())
     return out
+
+
+# A CPU run in bf16 is faster only where the CPU's bf16 matmuls are: several times on AMX Xeons and
+# Zen 5, half the speed on Xeons without AMX (docs/benchmarks.md). Measured, not read from CPU flags.
+def matmul_rates(n: int = 512, repeats: int = 8) -> tuple[float, float]:
+    """(fp32, bf16) GFLOP/s of an (n x n) @ (n x n) matmul on this CPU: best of `repeats` after one
+    warm-up, with torch's current thread count (a few milliseconds at n=512)."""
+    import torch
+
+    def rate(dtype) -> float:
+        a, b = torch.randn(n, n).to(dtype), torch.randn(n, n).to(dtype)
+        a @ b
+        best = float("inf")
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            a @ b
+            best = min(best, time.perf_counter() - t0)
+        return 2 * n**3 / max(best, 1e-9) / 1e9
+
+    return rate(torch.float32), rate(torch.bfloat16)
+
+
+def bf16_advice(fp32_gflops: float, bf16_gflops: float, roles: list[str]) -> str:
+    """The line printed at start-up for a CPU run with `roles` in bf16: the measured rates and, when
+    bf16 is the slower, that it is and what to set instead."""
+    rates = f"matmul on this CPU: fp32 {fp32_gflops:.0f} GFLOP/s, bf16 {bf16_gflops:.0f} GFLOP/s"
+    if bf16_gflops >= fp32_gflops:
+        return f"rlframe: {', '.join(roles)} in bf16; {rates} (bf16 is the faster here)"
+    fix = " ".join(f"{r}=fp32" for r in roles)
+    return (f"rlframe: warning: {', '.join(roles)} in bf16, but bf16 is slower than fp32 on this CPU "
+            f"({rates}), so this run will be slower, not faster; set {fix}")
+
+
+def bf16_roles(cfg) -> list[str]:
+    """The `<role>.precision` keys a CPU run of `cfg` sets to bf16 ('auto' is fp32 on CPU)."""
+    if cfg.resources.use_gpu:
+        return []
+    roles = [("actor", cfg.actor)] + ([("critic", cfg.critic)] if cfg.uses_critic else [])
+    return [f"{name}.precision" for name, role in roles if role.precision == "bf16"]
+
+
+def check_cpu_precision(cfg, emit=print) -> str | None:
+    """On a CPU run with a role in bf16, measure both matmul rates and `emit` the advice line."""
+    roles = bf16_roles(cfg)
+    if not roles:
+        return None
+    line = bf16_advice(*matmul_rates(), roles)
+    emit(line)
+    return line
