@@ -41,6 +41,8 @@ import torch
 from rlframe.controller.trainers import phases
 from rlframe.protocol import DataProto
 from rlframe.workers.rollout.batch import assemble_batch, left_pad, prompts_from_rows
+from rlframe.workers.rollout.seeds import SEED_KEY, seeds_for
+from rlframe.workers.rollout.stops import end_of_sequence_ids
 
 POOL_GROUPS = 1  # batches' worth of groups in progress before the pool chunks on instead of starting more
 
@@ -79,7 +81,7 @@ class PartialRollouts:
         self.trainer, self.budget = trainer, budget
         tok = trainer.tokenizer
         self.pad_id = tok.pad_token_id if tok.pad_token_id is not None else 0
-        self.eos_ids = {tok.eos_token_id} if tok.eos_token_id is not None else set()
+        self.eos_ids = end_of_sequence_ids(tok, trainer.actor_path)
         self.pool: list[Group] = []  # oldest first
         self.started = self.completed_first = 0  # groups started, and of those complete after one segment
 
@@ -145,14 +147,17 @@ class PartialRollouts:
         """<= budget more tokens for each of `samples`, sampled by the current weights; returns the
         tokens sampled past data.response_length (cut off, never trained)."""
         t, limit = self.trainer, self.trainer.cfg.data.response_length
-        prompt_of = {id(s): g.prompt for g in self.pool for s in g.samples}
-        todo = [(prompt_of[id(s)], s) for s in samples]
+        where = {id(s): (g, j) for g in self.pool for j, s in enumerate(g.samples)}
+        todo = [(where[id(s)][0].prompt, s) for s in samples]
         rows = [prompt + s.tokens for prompt, s in todo]
         budget = min(self.budget, max(limit - len(s.tokens) for _, s in todo))
         gen_in = DataProto.from_dict(tensors=prompts_from_rows(rows, pad_id=self.pad_id))
         sampling = phases.sampling_for(t.cfg, n=1, temperature=t.cfg.rollout.temperature,
                                        seed=t.sample_seed(salt=1000 + salt, step=step))
         sampling = dataclasses.replace(sampling, max_new_tokens=budget)
+        # a segment's seed: the step, the group, the sample and the segment (never the row's position)
+        gen_in.batch[SEED_KEY] = seeds_for([(t.sample_seed(step=step), str(where[id(s)][0].fields.get("uid", "")),
+                                             where[id(s)][1], len(s.versions)) for s in samples])
         out, gen_m = phases.generate(t.roles, gen_in, sampling=sampling, replicas=t.roles.replicas)
         phases.add_generation_metrics(metrics, gen_m)
         resp, rmask = out.batch["responses"], out.batch["response_mask"].bool()

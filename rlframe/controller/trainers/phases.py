@@ -18,6 +18,7 @@ from rlframe.protocol import DataProto
 from rlframe.rewards.manager import token_level_scores
 from rlframe.utils.timing import timed
 from rlframe.workers.rollout import SamplingConfig, logprob_diff_metrics
+from rlframe.workers.rollout.seeds import SEED_KEY, row_seeds
 
 PROMPT_KEYS = ["input_ids", "attention_mask", "position_ids"]
 
@@ -48,7 +49,10 @@ def launch_generation(roles, prompts: DataProto, *, sampling: SamplingConfig, re
                       push: bool = True) -> PendingGeneration:
     """Start n samples per prompt from `roles.generate_sequences` (RunRoles: the hybrid engine's
     actor, or the generation group after a weight push) without waiting for them."""
-    gen_in = prompts.select(batch_keys=PROMPT_KEYS)
+    keys = PROMPT_KEYS + ([SEED_KEY] if SEED_KEY in prompts.batch.keys() else [])
+    gen_in = prompts.select(batch_keys=keys)
+    if SEED_KEY not in keys and sampling.seed is not None:  # before the split: seeds follow the global row
+        gen_in.batch[SEED_KEY] = row_seeds(sampling.seed, rows=len(gen_in), n=sampling.n)
     gen_in.meta_info = {"sampling": asdict(sampling)}
     gen_in, pad = gen_in.pad_to_divisor(replicas)
     return PendingGeneration(prompts, roles.generate_sequences(gen_in, blocking=False, push=push), pad=pad,

@@ -40,6 +40,23 @@ def read_prompts(prompts: Any) -> tuple[torch.Tensor, torch.Tensor]:
     return ids.long().cpu(), mask.long().cpu()
 
 
+def read_row_seeds(prompts: Any, sampling) -> list[int] | None:
+    """The seed of each prompt row's first sample: the batch's `seed` tensor (B,) when the driver sent
+    one (a function of the sample's global identity: rollout/seeds.py), else sampling.seed + b*n
+    (rows numbered inside this call), else None (unseeded)."""
+    batch = prompts.batch if hasattr(prompts, "batch") else prompts
+    rows = batch["input_ids"].shape[0]
+    if "seed" in batch.keys():
+        seeds = batch["seed"]
+        if seeds.shape != (rows,):
+            raise ValueError(f"prompt batch key 'seed' has shape {tuple(seeds.shape)}; it must be ({rows},), "
+                             "one seed per prompt row")
+        return [int(s) for s in seeds.tolist()]
+    if sampling.seed is None:
+        return None
+    return [sampling.seed + b * sampling.n for b in range(rows)]
+
+
 def unpad_prompts(ids: torch.Tensor, mask: torch.Tensor) -> list[list[int]]:
     """The real tokens of each left-padded prompt row, as lists of ids."""
     return [row[m.bool()].tolist() for row, m in zip(ids, mask)]

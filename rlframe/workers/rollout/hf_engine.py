@@ -27,7 +27,7 @@ from typing import Any, Iterator
 import torch
 
 from rlframe.workers.rollout.base import Consumer, RolloutEngine
-from rlframe.workers.rollout.batch import assemble_batch, read_prompts, to_data_proto
+from rlframe.workers.rollout.batch import assemble_batch, read_prompts, read_row_seeds, to_data_proto
 from rlframe.workers.rollout.config import RolloutConfig, SamplingConfig
 from rlframe.workers.rollout.lora import lora_param_shapes
 from rlframe.workers.rollout.weight_sync import ShardAssembler, WeightSyncStats, timed
@@ -83,8 +83,32 @@ class HFRolloutEngine(RolloutEngine):
 
     @torch.no_grad()
     def generate(self, prompts: Any, sampling: SamplingConfig) -> Any:
-        """See `RolloutEngine.generate`. Sampling uses torch's RNG (forked, seeded when `seed` is set)."""
+        """See `RolloutEngine.generate`. Sampling uses torch's RNG, forked and seeded when seeds are set.
+        With the batch's per-row `seed` tensor (rollout/seeds.py) each row is generated on its own from
+        its seed, so a sample does not depend on which rows share the call; else one seed for the call."""
         ids, mask = read_prompts(prompts)
+        batch = prompts.batch if hasattr(prompts, "batch") else prompts
+        t0 = time.perf_counter()
+        if "seed" in batch.keys() and not sampling.greedy:
+            responses, log_probs = [], []
+            for b, seed in enumerate(read_row_seeds(prompts, sampling)):
+                keep = mask[b].bool()
+                r, lp = self._sample(ids[b:b + 1, keep], mask[b:b + 1, keep], sampling, seed=seed)
+                responses += r
+                log_probs += lp
+        else:
+            responses, log_probs = self._sample(ids, mask, sampling, seed=sampling.seed)
+        gen_s = time.perf_counter() - t0
+        tensors = assemble_batch(prompt_ids=ids, prompt_mask=mask, responses=responses, log_probs=log_probs,
+                                 n=sampling.n, response_length=sampling.max_new_tokens,
+                                 pad_token_id=self.pad_token_id)
+        return to_data_proto(tensors, meta_info={"rollout_backend": self.backend, "gen_time_s": gen_s,
+                                                 "gen_tokens": int(tensors["response_mask"].sum()),
+                                                 "lora_version": self._lora_version})
+
+    def _sample(self, ids: torch.Tensor, mask: torch.Tensor, sampling: SamplingConfig, *, seed: int | None
+                ) -> tuple[list[list[int]], list[list[float]]]:
+        """n samples of each row of (ids, mask): their tokens up to the stop, and each token's log-prob."""
         device = next(self.model.parameters()).device
         stop_ids = self._stop_ids(sampling)
         kwargs = dict(
@@ -100,13 +124,10 @@ class HFRolloutEngine(RolloutEngine):
             kwargs.update(temperature=None, top_p=None, top_k=None)
         if sampling.stop:
             kwargs.update(stop_strings=list(sampling.stop), tokenizer=self.tokenizer)
-        rng = torch.random.fork_rng(devices=[]) if sampling.seed is not None else nullcontext()
-        t0 = time.perf_counter()
-        with rng:
-            if sampling.seed is not None:
-                torch.manual_seed(sampling.seed)
+        with torch.random.fork_rng(devices=[]) if seed is not None else nullcontext():
+            if seed is not None:
+                torch.manual_seed(seed)
             out = self.model.generate(input_ids=ids.to(device), attention_mask=mask.to(device), **kwargs)
-        gen_s = time.perf_counter() - t0
         gen = out.sequences[:, ids.shape[1]:].cpu()
         scores = out.scores if self.config.logprobs_mode == "processed" else out.logits
         # (B*n, T, V) -> log-prob of each generated token under the distribution it came from.
@@ -118,12 +139,7 @@ class HFRolloutEngine(RolloutEngine):
             k = self._response_length(row, stop_set, sampling.stop)
             responses.append(row[:k])
             log_probs.append(row_lp[:k])
-        tensors = assemble_batch(prompt_ids=ids, prompt_mask=mask, responses=responses, log_probs=log_probs,
-                                 n=sampling.n, response_length=sampling.max_new_tokens,
-                                 pad_token_id=self.pad_token_id)
-        return to_data_proto(tensors, meta_info={"rollout_backend": self.backend, "gen_time_s": gen_s,
-                                                 "gen_tokens": int(tensors["response_mask"].sum()),
-                                                 "lora_version": self._lora_version})
+        return responses, log_probs
 
     # ------------------------------------------------------------------ weights
     @property
@@ -148,6 +164,23 @@ class HFRolloutEngine(RolloutEngine):
 
         yield consume
         assembler.check_complete()
+
+    # ------------------------------------------------------------------ checking a sync
+    def weight_slice_digests(self, boxes=None) -> list:
+        """See `RolloutEngine.weight_slice_digests`: every parameter is held whole (its box is the
+        full tensor), in the model's dtype."""
+        from rlframe.resharding.box import Box
+        from rlframe.workers.rollout.checksum import slice_digests
+
+        with torch.no_grad():
+            read = {n: (Box.full(p.shape), p.data) for n, p in self.model.named_parameters()}
+            return slice_digests(read, boxes)
+
+    def unchecked_weights(self) -> list[str]:
+        if self._lora_version == 0:
+            return []
+        return [f"LoRA adapter v{self._lora_version}: adapters are synced but not read back (only base weights are "
+                "checksummed)"]
 
     # ------------------------------------------------------------------ LoRA adapters
     @property

@@ -117,3 +117,31 @@ def test_grpo_with_tools_trains(tmp_path, ray_cluster):
     for step in (1, 2):
         assert rows[step]["agent/turns_mean"] >= 1.0 and "agent/tool_call_rate" in rows[step]
     assert "val/agent/tool_call_rate" in rows[2] and "val/accuracy" in rows[2]
+
+
+def test_a_turn_ending_in_any_end_id_of_the_generation_config_ends(setup, tmp_path):
+    """A model whose generation config lists several end ids (Qwen, Llama 3): the engine stops at any
+    of them, and the loop must take such a turn as ended, not as cut off mid-turn."""
+    import shutil
+
+    from transformers import AutoTokenizer, GenerationConfig
+
+    cfg, path, tokenizer, prompts, _ = setup
+    greedy = phases.sampling_for(cfg, n=1, temperature=0.0, seed=0)
+    first = _engine("hf", path).generate(prompts, greedy).batch["responses"][:, 0]
+    other = int(torch.mode(first).values)  # the commonest first token: made an end id below
+    assert other != tokenizer.eos_token_id
+    model = tmp_path / "two_end_ids"
+    shutil.copytree(path, model)
+    gen = GenerationConfig.from_pretrained(model)
+    gen.eos_token_id = [tokenizer.eos_token_id, other]
+    gen.save_pretrained(model)
+    tok = AutoTokenizer.from_pretrained(model)
+    loop = build_agent_loop(cfg, tok)
+    try:
+        rows = torch.nonzero(first == other).flatten()
+        out, m = _run(loop, _engine("hf", str(model)), prompts.index(rows), greedy)
+    finally:
+        loop.runner.close()
+    assert torch.all(out.batch["response_mask"].sum(-1) == 1)  # stopped at the second end id
+    assert m["agent/truncated_frac"] == 0.0 and m["agent/turns_mean"] == 1.0, m

@@ -145,3 +145,21 @@ def test_cpu_kv_cache_holds_every_sequence_and_no_more(engines):
     cache = vllm_engine.llm.llm_engine.vllm_config.cache_config
     per_seq, seqs = -(-vllm_engine.config.max_model_len // cache.block_size), vllm_engine.config.max_num_seqs
     assert seqs * per_seq <= cache.num_gpu_blocks <= (seqs + 2) * per_seq
+
+
+def test_row_seeds_make_samples_independent_of_the_split(engines):
+    """A group's n samples sent as n rows with n=1 (partial rollouts, the agent loop) and split over two
+    replicas' calls: the samples are distinct, and the same as in one call (seeds follow the sample)."""
+    from rlframe.workers.rollout.seeds import seeds_for
+
+    vllm_engine, hf_engine, _ = engines
+    one = prompt_batch(hf_engine.tokenizer, 1)
+    rows = {k: v.repeat(6, 1) for k, v in one.items()}
+    rows["seed"] = seeds_for([(11, "uid-0", j, 0) for j in range(6)])
+    sampling = SamplingConfig(n=1, temperature=1.0, max_new_tokens=12)
+    for engine in (vllm_engine, hf_engine):
+        whole = engine.generate(rows, sampling).batch["responses"]
+        halves = [engine.generate({k: v[part] for k, v in rows.items()}, sampling).batch["responses"]
+                  for part in (slice(3, 6), slice(0, 3))]
+        assert torch.equal(torch.cat(halves[::-1]), whole), type(engine).__name__
+        assert len({tuple(r.tolist()) for r in whole}) == 6, whole
