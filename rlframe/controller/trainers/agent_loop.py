@@ -37,6 +37,8 @@ from rlframe.controller.trainers.phases import add_generation_metrics
 from rlframe.protocol import DataProto
 from rlframe.workers.rollout import SamplingConfig
 from rlframe.workers.rollout.batch import assemble_batch, prompts_from_rows
+from rlframe.workers.rollout.seeds import SEED_KEY, seeds_for
+from rlframe.workers.rollout.stops import end_of_sequence_ids
 
 Generate = Callable[[DataProto, SamplingConfig], tuple[DataProto, dict]]
 
@@ -44,6 +46,7 @@ Generate = Callable[[DataProto, SamplingConfig], tuple[DataProto, dict]]
 @dataclass
 class Trajectory:
     prompt: list[int]
+    sample: int = 0  # its index in the call's batch (prompt b's samples are b*n .. b*n+n-1): seeds its turns
     tokens: list[int] = field(default_factory=list)
     mask: list[int] = field(default_factory=list)  # 1: sampled by the policy, 0: a tool turn
     log_probs: list[float] = field(default_factory=list)
@@ -82,13 +85,14 @@ class AgentLoop:
         self.tokenizer, self.runner, self.parse = tokenizer, runner, parse_tool_calls
         self.max_turns, self.response_length = max_turns, response_length
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-        self.eos_id = tokenizer.eos_token_id
+        self.eos_ids = end_of_sequence_ids(tokenizer)  # every id a turn may end with (rollout/stops.py)
         tool_turn_text(tokenizer, ["0"])  # the template's errors surface before any generation
 
     def run(self, prompts: DataProto, sampling: SamplingConfig, generate: Generate) -> tuple[DataProto, dict]:
         ids, mask = prompts.batch["input_ids"], prompts.batch["attention_mask"]
         n = sampling.n
-        trajs = [Trajectory(prompt=ids[i][mask[i].bool()].tolist()) for i in range(len(prompts)) for _ in range(n)]
+        trajs = [Trajectory(prompt=ids[i][mask[i].bool()].tolist(), sample=i * n + j)
+                 for i in range(len(prompts)) for j in range(n)]
         statuses: Counter = Counter()
         metrics: dict[str, float] = {}
         turn = 0
@@ -111,8 +115,9 @@ class AgentLoop:
         rows = [t.prompt + t.tokens for t in active]
         room = max(self.response_length - len(t.tokens) for t in active)
         gen_in = DataProto.from_dict(tensors=prompts_from_rows(rows, pad_id=self.pad_id))
-        seed = None if sampling.seed is None else sampling.seed + 7919 * seed_salt
-        out, gen_m = generate(gen_in, dataclasses.replace(sampling, n=1, max_new_tokens=room, seed=seed))
+        if sampling.seed is not None:  # each turn's seed: the call's seed, the sample, the turn (not the row)
+            gen_in.batch[SEED_KEY] = seeds_for([(sampling.seed, t.sample, seed_salt) for t in active])
+        out, gen_m = generate(gen_in, dataclasses.replace(sampling, n=1, max_new_tokens=room))
         add_generation_metrics(metrics, gen_m)
         resp, rmask, lps = out.batch["responses"], out.batch["response_mask"].bool(), out.batch["rollout_log_probs"]
         for i, t in enumerate(active):
@@ -122,7 +127,7 @@ class AgentLoop:
             t.mask += [1] * len(toks)
             t.log_probs += lp
             t.turns += 1
-            ended = bool(toks) and toks[-1] == self.eos_id  # else it ran out of tokens mid-turn
+            ended = bool(toks) and toks[-1] in self.eos_ids  # else it ran out of tokens mid-turn
             t.done = t.truncated = not ended
 
     def _calls_to_run(self, t: Trajectory) -> list:
