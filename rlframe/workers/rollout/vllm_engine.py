@@ -66,7 +66,7 @@ import torch
 
 from rlframe.resharding.formats import ModelDims
 from rlframe.workers.rollout.base import Consumer, RolloutEngine
-from rlframe.workers.rollout.batch import assemble_batch, read_prompts, to_data_proto, unpad_prompts
+from rlframe.workers.rollout.batch import assemble_batch, read_prompts, read_row_seeds, to_data_proto, unpad_prompts
 from rlframe.workers.rollout.config import RolloutConfig, SamplingConfig
 from rlframe.workers.rollout.lora import PEFT_PREFIX, AdapterSpec, lora_param_shapes, vllm_max_lora_rank
 from rlframe.workers.rollout.vllm_adapt import (
@@ -219,16 +219,18 @@ class VLLMRolloutEngine(RolloutEngine):
         )
 
     def generate(self, prompts: Any, sampling: SamplingConfig) -> Any:
-        """See `RolloutEngine.generate`. With a seed, prompt b uses seed + b*n (its samples + j)."""
+        """See `RolloutEngine.generate`. Seeds: the batch's per-row `seed` tensor when it has one (sample
+        j of row b uses seed[b] + j: rollout/seeds.py), else prompt b uses sampling.seed + b*n."""
         from vllm.inputs import TokensPrompt
 
         self.require_awake(("weights", "kv_cache"), doing="generate()")
         ids, mask = read_prompts(prompts)
         token_lists = unpad_prompts(ids, mask)
-        if sampling.seed is None:
+        seeds = read_row_seeds(prompts, sampling)
+        if seeds is None:
             params = self._sampling_params(sampling, None)
         else:
-            params = [self._sampling_params(sampling, sampling.seed + b * sampling.n) for b in range(len(token_lists))]
+            params = [self._sampling_params(sampling, s) for s in seeds]
         t0 = time.perf_counter()
         with own_pace_steps(self._own_pace):
             outputs = self.llm.generate([TokensPrompt(prompt_token_ids=t) for t in token_lists],
