@@ -45,6 +45,8 @@ setup(
     version="0.1.0",
     description=__doc__,
     packages=find_packages(include=["rlframe", "rlframe.*"]),
+    # The pre-trained tiny model the default configs start from (rlframe/data/shipped.py).
+    package_data={"rlframe.data": ["presets/*/*"]},
     python_requires=">=3.10",
     install_requires=INSTALL_REQUIRES,
     extras_require=EXTRAS,

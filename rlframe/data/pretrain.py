@@ -19,6 +19,11 @@ The result is cached under `cache_dir` (default `$RLFRAME_CACHE` or `~/.cache/rl
 directory named by a hash of everything that determines the weights (preset, task, seed, steps,
 optimiser settings, thread count, format version). It is written to a temporary directory and renamed into place,
 so a crash or a concurrent builder never leaves a half-written model behind.
+
+Even pinned, AMD and Intel machines built different demo models, so the default recipe's result ships
+in the repository (`rlframe/data/shipped.py`, `rlframe/data/presets/demo/`): `build_pretrained_model`
+copies it, sha256-verified, into the cache instead of training (`use_shipped=False` builds anyway;
+`python -m rlframe.data.tiny_model --rebuild demo` rebuilds the shipped files).
 """
 
 from __future__ import annotations
@@ -69,6 +74,11 @@ REPRODUCIBLE_ENV: dict[str, str] = {
     # of spinning, which on a busy machine made a 2-thread build 3 to 5 times slower.
     "OMP_WAIT_POLICY": "PASSIVE",
 }
+
+# The seed of the tiny model a run starts from (its init and the pre-training's order) and of the
+# synthetic tasks' train/test split (rlframe/controller/trainers/prepare.py): fixed, so that a run's
+# `data.seed` changes only the order of its prompts, never which problems are held out.
+PRETRAIN_SEED = 0
 
 # Named task settings for pre-training; the RL demo must generate its data with the same spec
 # and seed so that its test split is held out from what the model saw here.
@@ -358,15 +368,34 @@ def build_pretrained_model(
     steps: int | None = None,
     cache_dir: str | Path | None = None,
     cfg: SFTConfig | None = None,
+    use_shipped: bool = True,
 ) -> Path:
-    """Return the directory of the pre-trained model, training it first if it is not cached.
+    """Return the directory of the pre-trained model: the shipped one, the cached one, or a new build.
 
-    The directory holds an HF Qwen2 model, the char tokenizer and `rlframe_pretrain.json`
-    (settings, SFT wall time, final loss, sha256 of the weights, the pinned environment). The
-    training runs in a child process with REPRODUCIBLE_ENV, so the weights depend only on the
-    arguments and the installed torch/transformers: bitwise identical on x86-64 CPUs with AVX2,
-    whatever the caller's torch settings.
+    The directory holds an HF Qwen2 model, the preset's tokenizer and `rlframe_pretrain.json`
+    (settings, SFT wall time, final loss, sha256 of the weights, the pinned environment, the machine).
+    When the recipe is one shipped in the repository (rlframe/data/shipped.py: the demo model of the
+    default configs) and `use_shipped`, its verified files are copied into the cache and nothing is
+    trained, so every machine starts from the same bits. Otherwise the training runs in a child process
+    with REPRODUCIBLE_ENV, so the weights depend only on the arguments and the installed
+    torch/transformers (and, as measured, on whether the CPU is AMD or Intel: docs/tiny_model.md).
     """
+    cfg = _recipe(preset, task, steps, cfg)
+    root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    key = cache_key(preset=preset, task=task, seed=seed, cfg=cfg)
+    if use_shipped:
+        from rlframe.data.shipped import find_shipped, install_shipped
+
+        if (shipped := find_shipped(key)) is not None:
+            return install_shipped(shipped, root / "models" / f"{key}-shipped")
+    final = root / "models" / key
+    if not (final / "rlframe_pretrain.json").exists():
+        _build_into(final, preset=preset, task=task, seed=seed, cfg=cfg)
+    return final
+
+
+def _recipe(preset: str, task: str, steps: int | None, cfg: SFTConfig | None) -> SFTConfig:
+    """The SFT settings of a build (the task's default unless given), after checking preset and task."""
     from rlframe.data.tiny_model import PRESETS
 
     cfg = cfg or DEFAULT_SFT.get(task, SFTConfig())
@@ -380,10 +409,11 @@ def build_pretrained_model(
     if chat_task != (PRESETS[preset].tokenizer == "bpe"):
         raise ValueError(f"task {task!r} and preset {preset!r} do not fit: the tool task needs the chat template of "
                          "the BPE tokenizer (preset 'agent'), the other tasks the character tokenizer of the other presets")
-    root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
-    final = root / "models" / cache_key(preset=preset, task=task, seed=seed, cfg=cfg)
-    if (final / "rlframe_pretrain.json").exists():
-        return final
+    return cfg
+
+
+def _build_into(final: Path, *, preset: str, task: str, seed: int, cfg: SFTConfig) -> None:
+    """Train in a temporary directory next to `final`, then rename it into place."""
     final.parent.mkdir(parents=True, exist_ok=True)
     _remove_stale_temp_dirs(final)
     tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=final.parent))
@@ -397,7 +427,6 @@ def build_pretrained_model(
                 raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    return final
 
 
 if __name__ == "__main__":

@@ -5,7 +5,9 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import tempfile
+from dataclasses import asdict
 from pathlib import Path
 
 from rlframe.config.schema import RunConfig
@@ -18,58 +20,106 @@ def cache_root(cfg: RunConfig) -> Path:
 
 
 def model_path(cfg: RunConfig) -> str:
-    """`model.path`, or the tiny model pre-trained on the run's task (built once, then cached)."""
+    """`model.path`, or the tiny model pre-trained on the run's task (shipped for the default recipe,
+    else built once and cached). Its seed is PRETRAIN_SEED whatever `data.seed`: the seed of a run
+    orders its prompts, it does not pick another starting model."""
     if cfg.model.path is not None:
         return str(Path(cfg.model.path).expanduser())
-    from rlframe.data.pretrain import build_pretrained_model
+    from rlframe.data.pretrain import PRETRAIN_SEED, build_pretrained_model
 
     return str(build_pretrained_model(preset=cfg.model.tiny_preset, task=cfg.data.task or "arithmetic",
-                                      seed=cfg.data.seed, steps=cfg.model.tiny_pretrain_steps,
+                                      seed=PRETRAIN_SEED, steps=cfg.model.tiny_pretrain_steps,
                                       cache_dir=cache_root(cfg)))
 
 
+# Bump when the synthetic files change in a way data_settings does not capture.
+# 2: the split is made with PRETRAIN_SEED, no longer with data.seed; settings.json beside the files.
+DATA_FORMAT = 2
+SETTINGS_FILE = "settings.json"
+
+
+def data_settings(cfg: RunConfig) -> dict:
+    """Everything that determines a synthetic task's files, recorded in their folder as settings.json.
+
+    The split is fixed per task: made with PRETRAIN_SEED from the pre-training's own split sizes
+    (arithmetic, tool_arithmetic), so the RL prompts are the ones the tiny model was pre-trained on
+    and the test split stays held out from it. `data.seed` is not here: it only orders the prompts.
+    """
+    from rlframe.data.pretrain import DEFAULT_SFT, PRETRAIN_SEED, TASKS, SFTConfig
+    from rlframe.data.tool_task import DATA_SOURCE as TOOL_TASK
+
+    task = cfg.data.task
+    out = {"format": DATA_FORMAT, "task": task, "split_seed": PRETRAIN_SEED,
+           "train_size": cfg.data.train_size, "val_size": cfg.data.val_size}
+    if task in TASKS:
+        sft = DEFAULT_SFT.get(task, SFTConfig())
+        return {**out, "spec": asdict(TASKS[task]), "num_train": sft.num_train, "num_test": sft.num_test}
+    if task == "countdown":
+        return {**out, "num_train": cfg.data.train_size, "num_test": cfg.data.val_size}
+    raise ValueError(f"data.task={task!r} is not a synthetic task; use arithmetic, countdown or {TOOL_TASK}, "
+                     "or set data.task=null and give data.train_files")
+
+
 def task_files(cfg: RunConfig) -> tuple[list[str], list[str]]:
-    """Train/val files: the configured ones, or the synthetic task's splits (generated once)."""
+    """Train/val files: the configured ones, or the synthetic task's splits (generated once, cached
+    in a folder whose settings.json must equal `data_settings(cfg)`, else it is rebuilt)."""
     if cfg.data.task is None:
         return list(cfg.data.train_files), list(cfg.data.val_files)
-    from rlframe.data.synthetic import write_parquet
-
-    spec = {"task": cfg.data.task, "train": cfg.data.train_size,
-            "val": cfg.data.val_size, "seed": cfg.data.seed}
-    key = hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:16]
+    settings = data_settings(cfg)
+    key = hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:16]
     final = cache_root(cfg) / "data" / f"{cfg.data.task}-{key}"
-    if not (final / "test.parquet").exists():
-        final.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=final.parent))
-        rows = synthetic_rows(cfg)
-        write_parquet(rows["train"][: cfg.data.train_size], tmp / "train.parquet")
-        write_parquet(rows["test"][: cfg.data.val_size], tmp / "test.parquet")
-        try:
-            os.rename(tmp, final)
-        except OSError:  # built concurrently by another run: theirs is identical
-            pass
+    if recorded_settings(final) != settings:
+        _write_task_files(cfg, settings, final)
     return [str(final / "train.parquet")], [str(final / "test.parquet")]
 
 
+def recorded_settings(folder: Path) -> dict | None:
+    """The settings.json of a cached data folder with both files; None if anything is missing or unreadable."""
+    try:
+        if (folder / "train.parquet").is_file() and (folder / "test.parquet").is_file():
+            return json.loads((folder / SETTINGS_FILE).read_text())
+    except (OSError, ValueError):
+        pass
+    return None
+
+
+def _write_task_files(cfg: RunConfig, settings: dict, final: Path) -> None:
+    """Write the splits and settings.json to a temp folder, then put it in place of `final` (a folder
+    with other or missing settings is moved aside and deleted)."""
+    from rlframe.data.synthetic import write_parquet
+
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=final.parent))
+    rows = synthetic_rows(cfg)
+    write_parquet(rows["train"][: cfg.data.train_size], tmp / "train.parquet")
+    write_parquet(rows["test"][: cfg.data.val_size], tmp / "test.parquet")
+    (tmp / SETTINGS_FILE).write_text(json.dumps(settings, indent=2, sort_keys=True))
+    if final.exists():
+        stale = final.parent / f".{final.name}.stale.{os.getpid()}"
+        os.rename(final, stale)
+        shutil.rmtree(stale, ignore_errors=True)
+    try:
+        os.rename(tmp, final)
+    except OSError:  # built concurrently by another run: theirs is identical if its settings are
+        shutil.rmtree(tmp, ignore_errors=True)
+        if recorded_settings(final) != settings:
+            raise RuntimeError(f"cached task data {final} does not record the settings {settings}; "
+                               "delete that folder and start the run again") from None
+
+
 def synthetic_rows(cfg: RunConfig) -> dict[str, list[dict]]:
-    """The task's splits. Arithmetic and tool_arithmetic use the pre-training's own spec, seed and
-    split sizes, so the RL prompts are the ones the tiny model was pre-trained on and the test split
-    stays held out."""
-    from rlframe.data.pretrain import DEFAULT_SFT, TASKS, SFTConfig
+    """The task's train/test splits as `data_settings(cfg)` describes them (the same for every data.seed)."""
+    from rlframe.data.pretrain import TASKS
     from rlframe.data.synthetic import arithmetic_rows, countdown_rows
     from rlframe.data.tool_task import DATA_SOURCE as TOOL_TASK, tool_rows
 
+    s = data_settings(cfg)
+    sizes = {"num_train": s["num_train"], "num_test": s["num_test"], "seed": s["split_seed"]}
     if cfg.data.task == TOOL_TASK:  # products to compute with the calculator tool (agent.enabled)
-        sft = DEFAULT_SFT[TOOL_TASK]
-        return tool_rows(num_train=sft.num_train, num_test=sft.num_test, spec=TASKS[TOOL_TASK], seed=cfg.data.seed)
+        return tool_rows(spec=TASKS[TOOL_TASK], **sizes)
     if cfg.data.task in TASKS:
-        sft = SFTConfig()
-        return arithmetic_rows(num_train=sft.num_train, num_test=sft.num_test, spec=TASKS[cfg.data.task],
-                               seed=cfg.data.seed)
-    if cfg.data.task == "countdown":
-        return countdown_rows(num_train=cfg.data.train_size, num_test=cfg.data.val_size, seed=cfg.data.seed)
-    raise ValueError(f"data.task={cfg.data.task!r} is not a synthetic task; use arithmetic, countdown or {TOOL_TASK}, "
-                     "or set data.task=null and give data.train_files")
+        return arithmetic_rows(spec=TASKS[cfg.data.task], **sizes)
+    return countdown_rows(**sizes)
 
 
 def build_data(cfg: RunConfig, tokenizer):

@@ -1,0 +1,67 @@
+"""`data.seed` orders the training prompts; it never changes the train/test split of a synthetic task."""
+
+import json
+
+import pyarrow.parquet as pq
+import pytest
+
+from rlframe.config.schema import RunConfig
+from rlframe.controller.trainers import prepare
+from rlframe.data.pretrain import PRETRAIN_SEED, SFTConfig, sft_examples
+
+
+def _cfg(tmp_path, *, seed: int, task: str = "arithmetic") -> RunConfig:
+    cfg = RunConfig()
+    cfg.model.cache_dir, cfg.data.seed, cfg.data.task = str(tmp_path), seed, task
+    return cfg
+
+
+def _prompts(path: str) -> list[str]:
+    return [row["prompt"][0]["content"] for row in pq.ParquetFile(path).read().to_pylist()]
+
+
+@pytest.mark.parametrize("task", ["arithmetic", "countdown"])
+def test_data_seed_keeps_the_split(tmp_path, task):
+    (train_a,), (test_a,) = prepare.task_files(_cfg(tmp_path, seed=0, task=task))
+    (train_b,), (test_b,) = prepare.task_files(_cfg(tmp_path, seed=7, task=task))
+    assert set(_prompts(train_a)) == set(_prompts(train_b))
+    assert set(_prompts(test_a)) == set(_prompts(test_b))
+    assert not set(_prompts(train_a)) & set(_prompts(test_a))
+
+
+def test_held_out_never_meets_the_pretraining_data(tmp_path):
+    pretrain_train, _ = sft_examples("arithmetic", seed=PRETRAIN_SEED, cfg=SFTConfig())
+    seen = {prompt for prompt, _ in pretrain_train}
+    for seed in (0, 3, 11):
+        (train,), (test,) = prepare.task_files(_cfg(tmp_path, seed=seed))
+        assert not set(_prompts(test)) & seen
+        assert set(_prompts(train)) <= seen  # RL trains on the problems the model was pre-trained on
+
+
+def test_data_seed_changes_the_order_of_the_prompts(tmp_path):
+    from rlframe.data.tokenizer import build_char_tokenizer
+
+    tok = build_char_tokenizer()
+    firsts = []
+    for seed in (0, 1):
+        loader, _ = prepare.build_data(_cfg(tmp_path, seed=seed), tok)
+        firsts.append(next(loader)["input_ids"].tolist())
+    assert firsts[0] != firsts[1]
+
+
+def test_the_cached_folder_records_its_settings_and_is_rebuilt_when_they_differ(tmp_path):
+    cfg = _cfg(tmp_path, seed=0)
+    (train,), _ = prepare.task_files(cfg)
+    folder = prepare.Path(train).parent
+    recorded = json.loads((folder / prepare.SETTINGS_FILE).read_text())
+    assert recorded == prepare.data_settings(cfg) and "seed" not in recorded
+    (folder / prepare.SETTINGS_FILE).write_text(json.dumps({**recorded, "split_seed": 99}))
+    (folder / "test.parquet").write_bytes(b"stale")
+    prepare.task_files(cfg)
+    assert json.loads((folder / prepare.SETTINGS_FILE).read_text()) == recorded
+    assert len(_prompts(str(folder / "test.parquet"))) == cfg.data.val_size
+
+
+def test_unknown_task_is_an_error(tmp_path):
+    with pytest.raises(ValueError, match="not a synthetic task"):
+        prepare.task_files(_cfg(tmp_path, seed=0, task="poetry"))
