@@ -21,10 +21,12 @@ still outstanding is compiled too, whatever its length, and calls issued togethe
 (`blocking=False`) behave as on the plain path.
 
 Payload of a rank: `(role, method, args, kwargs, collect)` pickled by the driver (ObjectRefs set
-aside and sent natively beside the bytes) with the ids of the rank's stored answers the driver has
-fetched since its last payload, or None where the rank is not called; the answer is `(output,
-seconds)` pickled by the rank, or an object-store reference to it above OUTPUT_INLINE_BYTES, which
-the rank holds until the driver has fetched it (`answer`).
+aside and sent natively beside the bytes), the numbers of the calls whose stored answers the rank
+may let go (settled since its last payload) and the number of this call, or None where the rank is
+not called; the answer is `(output, seconds)` pickled by the rank, or an object-store reference to
+it above OUTPUT_INLINE_BYTES, which the rank holds under the call's number until the driver has
+settled that call (`answer`): fetched its answers, or seen it fail on some rank. Ray drops the other
+ranks' answers of a call that raised on one rank, so the driver cannot name those by their ids.
 Pickling in-band means nothing either side keeps aliases a channel's shared memory: Ray deserializes
 numpy buffers from a channel without copying, and an array kept from one call pins the channel so
 that the next call cannot be written (it hangs). Every rank reads the whole input, so DataProtos go
@@ -45,6 +47,7 @@ import io
 import logging
 import os
 import pickle
+import re
 from typing import Any
 
 # Blocking calls a set of processes serves on the plain path before its graph is compiled.
@@ -83,18 +86,28 @@ class CompiledCalls:
             dag = MultiOutputNode([a.call_packed.bind(inp[i]) for i, a in enumerate(actors)])
         self.graph = dag.experimental_compile()
         self.usable = True
-        # per rank: ids of its object-store answers the driver has fetched, for the rank to release
-        self._fetched: dict[int, list[str]] = {}
+        self._calls = 0  # the number of the last call submitted
+        # per rank: the calls whose stored answers the rank may let go, for its next payload
+        self._settled: dict[int, list[int]] = {}
 
-    def submit(self, payloads: list) -> list:
+    def submit(self, payloads: list) -> "CallRefs":
         """Start one call (the ranks run it in submission order); its CompiledDAGRefs, one per rank.
-        A called rank's payload also carries the ids of its stored answers fetched since (`answer`)."""
-        payloads = [None if p is None else (*p, self._fetched.pop(rank, [])) for rank, p in enumerate(payloads)]
+        A called rank's payload also carries the calls settled since its last one, and this call's
+        number (`answer`)."""
+        self._calls += 1
+        payloads = [None if p is None else (*p, self._settled.pop(rank, []), self._calls)
+                    for rank, p in enumerate(payloads)]
         try:
-            return self.graph.execute(*payloads)
+            return CallRefs(self.graph.execute(*payloads), self._calls,
+                            called=[rank for rank, p in enumerate(payloads) if p is not None])
         except Exception as err:  # a closed channel, a dead process
             self.usable = False
             raise CompiledCallError(f"{type(err).__name__}: {err}") from err
+
+    def _settle(self, call: int, ranks) -> None:
+        """`ranks` may let their stored answers of `call` go (named in their next payloads)."""
+        for rank in ranks:
+            self._settled.setdefault(rank, []).append(call)
 
     def collect(self, refs: list, *, timeout: float | None) -> list[Any]:
         """Each rank's answer to a submitted call, decoded (None where the payload was None); raises
@@ -106,20 +119,29 @@ class CompiledCalls:
         try:
             wait = -1 if timeout is None else max(timeout, 1e-3)
             answers = [ref.get(timeout=wait) for ref in refs]
-        except RayTaskError:
+        except RayTaskError:  # Ray drops the other ranks' answers: every rank lets this call's go
+            self._settle(refs.call, refs.called)
             raise
         except Exception as err:  # RayChannelError (timeouts, closed channels), dead processes
             self.usable = False
             raise CompiledCallError(f"{type(err).__name__}: {err}") from err
         stored = [i for i, a in enumerate(answers) if isinstance(a, ray.ObjectRef)]
-        for i, value in zip(stored, ray.get([answers[i] for i in stored])):
-            self._fetched.setdefault(i, []).append(answers[i].hex())
-            answers[i] = value
+        try:
+            for i, value in zip(stored, ray.get([answers[i] for i in stored])):
+                answers[i] = value
+        finally:  # fetched, or lost for good: held no longer either way
+            self._settle(refs.call, stored)
         return [pickle.loads(a) if isinstance(a, bytes) else a for a in answers]
 
     def failed_rank(self, err) -> int | None:
-        """The rank whose method raised `err` (a RayTaskError), from its process id."""
-        return self.pid_to_rank.get(getattr(err, "pid", None))
+        """The rank whose method raised `err` (a RayTaskError), from its process id: an attribute of
+        a plain RayTaskError; one that is also of its cause's type (as the graph raises them) keeps
+        it only in its text, "(pid=..., ip=...)"."""
+        pid = getattr(err, "pid", None)
+        if pid is None:
+            found = re.search(r"\(pid=(\d+),", str(err))
+            pid = int(found.group(1)) if found else None
+        return self.pid_to_rank.get(pid)
 
     def teardown(self) -> None:
         """Stop the graph's loops in the processes; a graph that failed is left for ray.kill."""
@@ -129,6 +151,14 @@ class CompiledCalls:
             except Exception:  # a process that died meanwhile: the actors are killed next anyway
                 pass
         self.usable = False
+
+
+class CallRefs(list):
+    """A submitted call's CompiledDAGRefs, one per rank, its number (`call`) and the ranks called."""
+
+    def __init__(self, refs, call: int, *, called: list[int]):
+        super().__init__(refs)
+        self.call, self.called = call, called
 
 
 def encode(obj) -> tuple[bytes, list]:
@@ -157,18 +187,25 @@ def decode(data: bytes, refs: list):
     return _Unpickler(io.BytesIO(data)).load()
 
 
-def answer(value, held: dict):
-    """A rank's answer to the driver: pickled bytes, or a reference to the object store when large.
+def answer(value, held: dict, call: int):
+    """A rank's answer to call number `call`: pickled bytes, or a reference to the object store when
+    large.
 
     The rank owns what it puts, and a reference that leaves through a channel is not counted as
     the driver's borrow: were the rank to drop it, Ray could delete the object before the driver
     fetches it ("already deleted by the reference counting protocol"). So the rank holds it in
-    `held` until the driver names it among the answers it has fetched (the next payload's ids)."""
+    `held` under `call` until the driver names the call as settled (a later payload, `release`)."""
     data = pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
     if len(data) <= OUTPUT_INLINE_BYTES:
         return data
     import ray
 
     ref = ray.put(value)
-    held[ref.hex()] = ref
+    held[call] = ref
     return ref
+
+
+def release(held: dict, settled: list[int]) -> None:
+    """Let go of the stored answers of the calls the driver has settled (fetched, or failed)."""
+    for call in settled:
+        held.pop(call, None)

@@ -31,7 +31,7 @@ class WorkerHost:
         self.num_threads = max(1, num_threads)
         torch.set_num_threads(self.num_threads)
         self._thread = threading.local()  # per-thread setup of the compiled call path
-        self._held_answers: dict = {}  # object-store answers of compiled calls the driver has not fetched yet
+        self._held_answers: dict = {}  # call number -> its object-store answer the driver may still fetch
         self.group, self.rank, self.world_size = group, rank, world_size
         self.backend = "nccl" if torch.cuda.is_available() else "gloo"
         self.roles: dict[str, object] = {}
@@ -89,11 +89,10 @@ class WorkerHost:
 
             torch.set_num_threads(self.num_threads)
             self._thread.ready = True
-        data, refs, fetched = payload
-        for ref_id in fetched:  # answers the driver has fetched: this rank may let them go
-            self._held_answers.pop(ref_id, None)
+        data, refs, settled, call = payload
+        compiled.release(self._held_answers, settled)  # calls whose answers the driver no longer needs
         role, method, args, kwargs, collect = compiled.decode(data, refs)
-        return compiled.answer(self.call(role, method, args, kwargs, collect), self._held_answers)
+        return compiled.answer(self.call(role, method, args, kwargs, collect), self._held_answers, call)
 
     def pid(self) -> int:
         return os.getpid()

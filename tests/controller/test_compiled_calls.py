@@ -11,7 +11,8 @@ import pytest
 import ray
 import torch
 
-from rlframe.controller import RayWorkerGroup, ResourcePool, WorkerDiedError, WorkerTimeoutError
+from rlframe.controller import (Dispatch, RayWorkerGroup, ResourcePool, WorkerCallError, WorkerDiedError,
+                                WorkerTimeoutError, register)
 from rlframe.controller import compiled
 from rlframe.protocol import DataProto
 from tests.controller.workers_for_tests import EchoWorker, FaultyWorker, KeepingWorker, check_rank_one_raises
@@ -209,3 +210,36 @@ def test_rank_dying_on_the_compiled_path(faulty):
     with pytest.raises(WorkerDiedError, match=r"worker group 'cflaky'.*method 'die_on'"):
         faulty.die_on(2, timeout=60)
     assert not faulty.hosts._graph.usable
+
+
+class BigOrRaiseWorker(KeepingWorker):
+    """One rank raises while the others answer through the object store (Ray imports it from here)."""
+
+    @register(dispatch=Dispatch.ONE_TO_ALL)
+    def big_unless(self, failing_rank, n):
+        if self.rank == failing_rank:
+            raise ValueError(f"rank {self.rank} fails on purpose")
+        return torch.full((n,), float(self.rank))
+
+
+def test_failed_call_releases_every_ranks_stored_answers(ray_cluster):
+    """Ray drops the other ranks' answers of a call that raised on one rank, so the driver never
+    fetches them: every rank must still let its stored answers of that call go, call after call."""
+    pool = ResourcePool(procs_per_node=[3], name="compiled-release")
+    with compiled_mode():
+        group = RayWorkerGroup(pool, BigOrRaiseWorker, name="release", timeout=60)
+    try:
+        _warm(group, lambda: group.num_threads())
+        held = lambda: ray.get([a.held_answers.remote() for a in group.hosts.actors])  # noqa: E731
+        n = compiled.OUTPUT_INLINE_BYTES // 4 + 10  # over the inline limit: each answer is stored
+        for failing in (1, 0, 2):
+            said = f"rank {failing} raised ValueError: rank {failing} fails on purpose"  # the rank found by pid
+            with pytest.raises(WorkerCallError, match=said):
+                group.big_unless(failing, n)
+            assert group.hosts._graph.usable
+        assert [float(t[-1]) for t in group.big_unless(-1, n)] == [0.0, 1.0, 2.0]  # the path still works
+        assert group.num_threads() == [1, 1, 1]  # this payload names what each rank may let go
+        assert held() == [0, 0, 0]
+    finally:
+        group.shutdown()
+        pool.release()
