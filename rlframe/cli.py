@@ -1,6 +1,7 @@
 """The `rlframe` command: run the main job here, or submit it to a Ray cluster and follow it.
 
     rlframe run [-cn CONFIG] [key=value ...]           # the main job in this process (= python -m rlframe.main)
+    rlframe preflight [-cn CONFIG] [key=value ...]     # run it 2 steps and check the RL invariants
     rlframe submit CONFIG [key=value ...] [--follow]   # a Ray job; prints its id and run directory
     rlframe status JOB_ID                              # status, run directory, latest metrics
     rlframe logs JOB_ID [--follow] [--tail N]
@@ -32,6 +33,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("run", help="run the main job in this process", add_help=False)
     p.add_argument("argv", nargs=argparse.REMAINDER, help="arguments of python -m rlframe.main")
+    p = sub.add_parser("preflight", help="run a config for 2 steps and check the RL invariants", add_help=False)
+    p.add_argument("argv", nargs=argparse.REMAINDER, help="--steps N, then arguments of python -m rlframe.main")
     p = sub.add_parser("submit", help="submit the main job to a Ray cluster")
     p.add_argument("config_name", help="a file of configs/ without .yaml, e.g. grpo_tiny")
     p.add_argument("overrides", nargs="*", help="Hydra overrides such as trainer.total_steps=2")
@@ -124,6 +127,10 @@ def main(argv: list[str] | None = None) -> int:
         from rlframe.main import main as run_main
 
         return run_main(argv[1:])
+    if argv[:1] == ["preflight"]:
+        from rlframe.main import preflight_main
+
+        return preflight_main(argv[1:])
     args = build_parser().parse_args(argv)
     from rlframe.jobs import ClusterNotFoundError, JobFailedError
 

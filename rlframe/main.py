@@ -53,5 +53,31 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def preflight_main(argv: list[str]) -> int:
+    """`rlframe preflight [--steps N] [--config-name NAME] [key=value ...]`: run the config for N steps
+    (default 2) at its real layout and check the invariants of any correct RL run
+    (controller/preflight). Exit 0 when all hold, 1 when one fails (each failure names its likely
+    cause and settings), 2 for a config error."""
+    from rlframe.config import ConfigError, load_config, validate
+
+    steps = 2
+    if argv[:1] == ["--steps"] and len(argv) > 1:
+        steps, argv = int(argv[1]), argv[2:]
+    name, overrides, config_path = parse_args(argv)
+    try:
+        cfg = validate(load_config(name, overrides, extra_dir=config_path))
+    except (ConfigError, ValueError) as err:
+        print(f"rlframe: {err}", file=sys.stderr)
+        return 2
+    if cfg.algorithm.name == "sft":
+        print("rlframe: preflight checks RL runs; sft has no rollout to check", file=sys.stderr)
+        return 2
+    from rlframe.controller.preflight.run import run_preflight
+
+    report = run_preflight(cfg, steps=steps, config_name=name)
+    print(report.text(), flush=True)
+    return report.exit_code
+
+
 if __name__ == "__main__":
     sys.exit(main())

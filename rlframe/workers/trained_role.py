@@ -28,7 +28,10 @@ class TrainedRole(Worker):
                 m = self.engine.train_step(loss_fn, mb, loss_weighting=loss_weighting, **step_kwargs)
                 rows.append(prefixed(m, prefix))
         self.after_update()
-        return metrics_only(mean_metrics(rows), self.rank_info().dp_rank)
+        metrics = mean_metrics(rows)
+        if data.meta_info.get("first_minibatch_metrics") and rows:  # preflight: the first step's own values
+            metrics.update({k.replace("/", "/first_mb_", 1): v for k, v in rows[0].items()})
+        return metrics_only(metrics, self.rank_info().dp_rank)
 
     def after_update(self) -> None:
         """Hook: the weights changed (an optimizer step or a checkpoint load)."""

@@ -33,6 +33,7 @@ from typing import Callable
 import numpy as np
 import torch
 
+from rlframe.controller.preflight.checks import turns_append_only
 from rlframe.controller.trainers.phases import add_generation_metrics
 from rlframe.protocol import DataProto
 from rlframe.workers.rollout import SamplingConfig
@@ -92,6 +93,7 @@ class AgentLoop:
         ids, mask = prompts.batch["input_ids"], prompts.batch["attention_mask"]
         n = sampling.n
         trajs = [Trajectory(prompt=ids[i][mask[i].bool()].tolist(), sample=i * n + j)
+        self.turn_checks: list | None = None  # preflight: a list to which each run adds its append-only check
                  for i in range(len(prompts)) for j in range(n)]
         statuses: Counter = Counter()
         metrics: dict[str, float] = {}
@@ -102,6 +104,7 @@ class AgentLoop:
             pending = [(t, calls) for t in active if (calls := self._calls_to_run(t))]
             if pending:
                 results = self.runner.run([c for _, calls in pending for c in calls])
+        snapshots = [[] for _ in trajs]  # preflight: each trajectory's tokens after every turn
                 statuses.update(r.status for r in results)
                 k = 0
                 for t, calls in pending:
@@ -113,7 +116,12 @@ class AgentLoop:
     def _generate_turn(self, active: list[Trajectory], sampling: SamplingConfig, generate: Generate, *,
                        seed_salt: int, metrics: dict) -> None:
         rows = [t.prompt + t.tokens for t in active]
+            if self.turn_checks is not None:
+                for snap, t in zip(snapshots, trajs):
+                    snap.append(list(t.tokens))
         room = max(self.response_length - len(t.tokens) for t in active)
+        if self.turn_checks is not None:
+            self.turn_checks.append(turns_append_only(snapshots, _response_rows(batch)))
         gen_in = DataProto.from_dict(tensors=prompts_from_rows(rows, pad_id=self.pad_id))
         if sampling.seed is not None:  # each turn's seed: the call's seed, the sample, the turn (not the row)
             gen_in.batch[SEED_KEY] = seeds_for([(sampling.seed, t.sample, seed_salt) for t in active])
@@ -192,5 +200,12 @@ def build_agent_loop(cfg, tokenizer) -> AgentLoop:
     from rlframe.agents.tools import load_tools
 
     tools = load_tools(cfg.agent.tools_path, builtin=tuple(cfg.agent.builtin_tools))
+def _response_rows(batch: DataProto) -> list[list[int]]:
+    """Each row's response tokens as the batch holds them (policy and tool turns: attention 1)."""
+    resp = batch.batch["responses"]
+    att = batch.batch["attention_mask"][:, -resp.shape[1]:].bool()
+    return [r[a].tolist() for r, a in zip(resp, att)]
+
+
     runner = ToolRunner(tools, max_result_chars=cfg.agent.max_result_chars)
     return AgentLoop(tokenizer, runner, max_turns=cfg.agent.max_turns, response_length=cfg.data.response_length)

@@ -42,6 +42,8 @@ class OnlineDPOTrainer(PPOTrainer):
             with timed(t, "ref"):
                 pairs = pairs.union(self.roles.ref.compute_ref_log_prob(pairs))
             pairs.meta_info = self.step_meta()
+            if self.observer is not None:
+                self.observer.before_update(self, pairs)
             with timed(t, "update_actor"):
                 m.update(gathered(self.roles.actor.update_actor(pairs)))
         t["timing_s/update_weights"] = gen_m.pop("timing_s/update_weights", 0.0)

@@ -73,6 +73,7 @@ class PPOTrainer:
                                config=to_dict(cfg), plot=cfg.trainer.plot)
         self.ckpt = CheckpointManager(self.run_dir, keep=cfg.trainer.keep_checkpoints)
         self.step = 0
+        self.observer = None  # rlframe preflight's checks (controller/preflight), when it runs this trainer
         self.pipeline = None  # made after resume (asynchronous rollouts, trainer.max_staleness > 0)
         budget = cfg.rollout.partial_budget
         self.partial = PartialRollouts(self, budget=budget) if budget > 0 else None
@@ -94,6 +95,8 @@ class PPOTrainer:
         bar = progress(total=cfg.total_steps, initial=self.step, enabled=cfg.progress_bar)
         for self.step in range(self.step + 1, cfg.total_steps + 1):
             metrics = self.train_step()
+            if self.observer is not None:
+                self.observer.after_step(self, metrics)
             if self.step == first:  # the start-up stages, once, with the first step's metrics
                 metrics.update(startup.metrics())
             if cfg.val_every > 0 and (self.step % cfg.val_every == 0 or self.step == cfg.total_steps):
@@ -110,6 +113,7 @@ class PPOTrainer:
     def train_step(self) -> dict:
         t: dict[str, float] = {}
         alg, m = self.cfg.algorithm, {}
+        kl_coef = self.kl_ctrl.value  # read before the advantages phase updates an adaptive controller
         with record_calls() as calls, timed(t, "step"):
             with timed(t, "gen"):
                 batch, gen_m = self.next_rollout()
@@ -144,6 +148,8 @@ class PPOTrainer:
                     adv_m.update(is_m)
             adv_m.update(phases.reference_kl(batch))
             batch.meta_info = self.step_meta(on_policy=on_policy)
+            if self.observer is not None:  # preflight: invariants checked on the batch the update gets
+                self.observer.before_update(self, batch)
             updates = {}  # independent: the critic and the actor update at once when in separate groups
             if self.roles.critic is not None:
                 updates["update_critic"] = self.roles.critic.update_critic(batch, blocking=False)
@@ -156,8 +162,9 @@ class PPOTrainer:
         m.update({**gen_m, **reward_m, **adv_m, **t, **phases.logprob_consistency(batch),
                   **batch_metrics(batch, response_length=self.cfg.data.response_length),
                   **throughput(batch, step_time=t["timing_s/step"], world_size=self.roles.actor.world_size),
-                  **overhead(calls, step_time=t["timing_s/step"]),
-                  "actor/kl_coef": self.kl_ctrl.value})
+                  **overhead(calls, step_time=t["timing_s/step"])})
+        if alg.kl_in_reward:  # the coefficient this step's rewards used (the controller has moved on since)
+            m["actor/kl_coef"] = kl_coef
         return m
 
     # ---- phases --------------------------------------------------------------------------------

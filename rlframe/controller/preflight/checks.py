@@ -1,0 +1,146 @@
+"""The invariants `rlframe preflight` checks, as pure functions of one step's batch and metrics.
+
+Each returns a `Check`: its name, whether it held, the measured value against its limit, and when it
+failed the likely cause and the settings involved. Shapes: log-probs, advantages, masks (B, R);
+`uid` (B,) groups the samples of one prompt. DESIGN.md section 11 states the invariants.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+# (mean, max) per-token |log p_rollout - log p_train| a correct run stays under, by compute precision;
+# measured gaps: fp32 vLLM vs fsdp about 1e-4 mean, bf16 0.004-0.014 mean
+LOGPROB_LIMITS = {"fp32": (2e-3, 5e-2), "bf16": (3e-2, 1.0)}
+# |mean k1| of actor vs reference at step 1, and first-mini-batch |ppo_kl| / clip fraction
+SAME_POLICY_LIMITS = {"fp32": 1e-4, "bf16": 1e-2}
+CLIPFRAC_LIMITS = {"fp32": 0.0, "bf16": 0.01}
+# estimators whose advantages have zero mean inside every group
+GROUP_ZERO_MEAN = ("grpo", "dr_grpo", "rloo", "lite_ppo", "group_mean_batch_std")
+
+
+@dataclass
+class Check:
+    name: str
+    ok: bool
+    value: float
+    limit: float
+    detail: str = ""
+    cause: str = ""  # what most likely breaks it, naming the settings; shown when it fails
+    step: int = 0
+
+    def line(self) -> str:
+        status = "ok  " if self.ok else "FAIL"
+        text = f"{status} step {self.step} {self.name}: {self.value:.3g} (limit {self.limit:.3g})"
+        text += f" {self.detail}" if self.detail else ""
+        return text + ("" if self.ok else f"\n       likely cause: {self.cause}")
+
+
+def logprob_match(rollout: torch.Tensor, train: torch.Tensor, mask: torch.Tensor, *, precision: str,
+                  what: str, cause: str) -> list[Check]:
+    """Per-token |rollout - training| log-probs of the sampled tokens: mean and max under the mask."""
+    diff = (rollout.float() - train.float()).abs()[mask.bool()]
+    mean = float(diff.mean()) if diff.numel() else 0.0
+    worst = float(diff.max()) if diff.numel() else 0.0
+    lim_mean, lim_max = LOGPROB_LIMITS[precision]
+    tokens = f"over {diff.numel()} tokens"
+    return [Check(f"{what} log-prob gap (mean)", mean <= lim_mean, mean, lim_mean, tokens, cause),
+            Check(f"{what} log-prob gap (max)", worst <= lim_max, worst, lim_max, tokens, cause)]
+
+
+def same_policy(a: torch.Tensor, b: torch.Tensor, mask: torch.Tensor, *, precision: str, name: str,
+                cause: str) -> Check:
+    """|mean over response tokens of (a - b)| (a k1 KL estimate) of two log-probs that must agree."""
+    m = mask.bool()
+    kl = float((a.float() - b.float())[m].mean()) if m.any() else 0.0
+    worst = float((a.float() - b.float()).abs()[m].max()) if m.any() else 0.0
+    limit = SAME_POLICY_LIMITS[precision]
+    return Check(name, abs(kl) <= limit and worst <= LOGPROB_LIMITS[precision][1], abs(kl), limit,
+                 f"(max per token {worst:.3g})", cause)
+
+
+def first_minibatch_ratio(metrics: dict, *, precision: str) -> list[Check]:
+    """On-policy, the first mini-batch's ratio is 1: ppo_kl 0 and nothing clipped."""
+    cause = ("the old log-probs are not the update's own: a different temperature (meta_info['temperature']), "
+             "a forward pass with dropout on, or different weights (actor.* micro-batching, precision)")
+    kl, clip = abs(metrics["actor/first_mb_ppo_kl"]), metrics["actor/first_mb_pg_clipfrac"]
+    return [Check("first mini-batch ppo_kl", kl <= SAME_POLICY_LIMITS[precision], kl, SAME_POLICY_LIMITS[precision],
+                  cause=cause),
+            Check("first mini-batch clip fraction", clip <= CLIPFRAC_LIMITS[precision], clip,
+                  CLIPFRAC_LIMITS[precision], cause=cause)]
+
+
+def _sequences(responses: torch.Tensor, mask: torch.Tensor) -> list[tuple[int, ...]]:
+    return [tuple(r[m.bool()].tolist()) for r, m in zip(responses, mask)]
+
+
+def duplicate_samples(batch, *, temperature: float) -> Check:
+    """Samples of one group are independent draws. Two draws coincide with probability sum_s p(s)^2,
+    whose unbiased estimate from a group is the mean of p(s_i) over its samples (p from the rollout's
+    log-probs of the sampling distribution); duplicates far above that expectation mean shared seeds."""
+    b = batch.batch
+    seqs = _sequences(b["responses"], b["attention_mask"][:, -b["responses"].shape[1]:])
+    seq_p = torch.exp((b["rollout_log_probs"].double() * b["response_mask"]).sum(-1)).tolist()
+    groups: dict = {}
+    for i, uid in enumerate(batch.non_tensor_batch["uid"]):
+        groups.setdefault(uid, []).append(i)
+    observed = expected = 0.0
+    for rows in groups.values():
+        n = len(rows)
+        if n < 2:
+            continue
+        observed += sum(seqs[i] == seqs[j] for a, i in enumerate(rows) for j in rows[a + 1:])
+        expected += n * (n - 1) / 2 * float(np.mean([seq_p[i] for i in rows]))
+    limit = expected + 4 * math.sqrt(expected) + 3
+    return Check(f"duplicate samples in a group (temperature {temperature})", observed <= limit, observed, limit,
+                 f"(expected {expected:.1f} by chance over {len(groups)} groups)",
+                 "samples of one group drawn with the same seed: seeds must follow the sample's global identity "
+                 "(rollout/seeds.py), not its row in a generation replica's chunk (rollout.dp / replicas, "
+                 "rollout.partial_budget, agent.enabled)")
+
+
+def group_zero_mean(batch, *, estimator: str) -> Check | None:
+    """Advantages of a group-normalised estimator have zero mean inside each group (per sample: the
+    mean advantage over its response tokens; groups with an empty response are skipped)."""
+    if estimator not in GROUP_ZERO_MEAN:
+        return None
+    b = batch.batch
+    mask = b["response_mask"].float()
+    lengths = mask.sum(-1)
+    per_sample = (b["advantages"].float() * mask).sum(-1) / lengths.clamp(min=1)
+    groups: dict = {}
+    for i, uid in enumerate(batch.non_tensor_batch["uid"]):
+        groups.setdefault(uid, []).append(i)
+    worst = 0.0
+    for rows in groups.values():
+        if all(lengths[i] > 0 for i in rows):
+            worst = max(worst, abs(float(per_sample[rows].mean())))
+    scale = 1e-4 * (1 + float(per_sample.abs().max())) if len(per_sample) else 1e-4
+    return Check(f"group advantages zero-mean ({estimator})", worst <= scale, worst, scale,
+                 cause="advantages computed over other rows than the group (uid), or changed after the estimator "
+                       "(off-policy weights, algorithm.adv_estimator)")
+
+
+def reward_repeats(first: torch.Tensor, second: torch.Tensor) -> Check:
+    """The reward function gives the same score twice for the same input."""
+    diff = float((first.float() - second.float()).abs().max()) if first.numel() else 0.0
+    return Check("reward function repeats its score", diff == 0.0, diff, 0.0,
+                 f"(over {first.numel()} samples)",
+                 "the reward function depends on something besides its input (randomness, time, state): "
+                 "reward.function_path / reward.function_name")
+
+
+def turns_append_only(snapshots: list[list[list[int]]], final: list[list[int]]) -> Check:
+    """Multi-turn: the tokens a trajectory had after each turn are a prefix of its tokens after every
+    later turn and of the response row the batch holds (text is never re-tokenised)."""
+    broken = 0
+    for turns, row in zip(snapshots, final):
+        later = turns[1:] + [row]
+        broken += sum(later[k][:len(t)] != t for k, t in enumerate(turns))
+    return Check("multi-turn tokens never change once recorded", broken == 0, broken, 0,
+                 f"(over {len(final)} trajectories)",
+                 "a turn re-tokenised earlier text (agent loop, chat template): keep token ids, never re-encode")
