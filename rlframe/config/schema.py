@@ -199,6 +199,9 @@ class TrainerConfig:
     # Asynchronous training (placement=split): the rollout for step t may come from the weights of step
     # t-1-k or later, so generation of the next batches overlaps training. 0: synchronous.
     max_staleness: int = 0
+    # Every this many steps, check that the rollout engine holds exactly the trainer's weights after
+    # the sync (per-slice checksums, controller/trainers/weight_check.py). 0: never.
+    check_weight_sync_every: int = 0
 
 
 @dataclass

@@ -228,6 +228,11 @@ def _check_roles_and_trainer(cfg: RunConfig, out: list[str]) -> None:
     if split and res.placement == "colocated":
         out.append("resources.split_procs is set but resources.placement=colocated ignores it; "
                    "set placement=split or remove split_procs")
+    every = cfg.trainer.check_weight_sync_every
+    if isinstance(every, bool) or not isinstance(every, int) or every < 0:
+        out.append(f"trainer.check_weight_sync_every={every!r} must be a step count >= 0 (0: never check that the "
+                   "rollout engine holds the trainer's weights); set e.g. trainer.check_weight_sync_every=0, or N "
+                   "to check after every N-th step's sync")
     for key in ("experiment", "output_dir"):
         value = getattr(cfg.trainer, key)
         if not value.strip() or (key == "experiment" and ("/" in value or value in (".", ".."))):

@@ -84,6 +84,45 @@ class ActorWorker(TrainedRole):
                 **{f"perf/weight_sync_peak_{k}_extra_mb": v / 2**20 for k, v in
                    (("rss", recv.peak_rss_extra_bytes), ("device", recv.peak_device_extra_bytes)) if v >= 0}}
 
+    # ---- checking a sync: rollout slices read back vs the trainer's (rollout/checksum.py) --------
+    @register(dispatch=Dispatch.ONE_TO_ALL)
+    def rollout_weight_digests(self, sync_first: bool = True) -> dict | None:
+        """{"slices": [SliceDigest] this rank's rollout engine holds, "not_covered": [what is not read
+        back]}. The hybrid engine syncs lazily, at the next generate: with `sync_first` a pending sync
+        runs now (collective over the group, as in generate, whose own sync then has nothing to do),
+        so the check sees the weights the next generation uses; without it a pending sync gives None
+        (the engine still holds the previous version). A sleeping engine's weights are woken to be
+        read and put back to sleep."""
+        if self.rollout is None:
+            raise ValueError("this actor has no rollout engine (resources.placement=split): read the generation "
+                             "group's rollout_weight_digests instead")
+        if self._weights_stale and not sync_first:
+            return None
+        asleep = self.rollout.sleeping
+        self.rollout.wake(("weights",))
+        try:
+            self._sync_weights()  # nothing to do unless stale
+            slices = self.rollout.weight_slice_digests()
+        finally:
+            if asleep:
+                self.rollout.sleep()
+        return {"slices": slices, "not_covered": self.rollout.unchecked_weights()}
+
+    @register(dispatch=Dispatch.ONE_TO_ALL)
+    def trainer_weight_digests(self, requests: list) -> dict[str, str] | None:
+        """{slice key: sha256} of the current training weights' slices `requests` [(HF name, Box, rollout
+        dtype name)], cast to that dtype as a sync casts; collective over the training ranks, answered
+        by the first (None on the others). With LoRA these are the base weights (adapters are not
+        compared)."""
+        from transformers import AutoConfig
+
+        from rlframe.resharding.formats import ModelDims
+        from rlframe.workers.rollout.checksum import DEFAULT_BUCKET_BYTES, trainer_slice_digests
+
+        layers = ModelDims.from_hf_config(AutoConfig.from_pretrained(self.model_path)).num_layers
+        return trainer_slice_digests(self.engine, requests, num_layers=layers,
+                                     bucket_bytes=getattr(self, "bucket_bytes", DEFAULT_BUCKET_BYTES))
+
     # ---- split placement: the generation group has its own processes ----------------------------
     @register(dispatch=Dispatch.ONE_TO_ALL)
     def weight_plan_inputs(self):

@@ -61,6 +61,12 @@ class GeneratorWorker(Worker):
         """What the plan says this rank receives (its whole vLLM box: it holds nothing before)."""
         return self._plan.bytes_received(self._channel.rank)
 
+    @register(dispatch=Dispatch.ONE_TO_ALL)
+    def rollout_weight_digests(self) -> dict:
+        """{"slices": [SliceDigest] of the vLLM slices this rank holds, read back, "not_covered": [what
+        is not read back]} (rollout/checksum.py); compare them after a push."""
+        return {"slices": self.rollout.weight_slice_digests(), "not_covered": self.rollout.unchecked_weights()}
+
     @register(dispatch=Dispatch.DP_COMPUTE)
     def generate_sequences(self, prompts: DataProto) -> DataProto:
         """Sample responses for this replica's prompts (`meta_info["sampling"]`), as the actor does

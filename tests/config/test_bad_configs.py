@@ -63,6 +63,8 @@ CASES = [
     ("trainer.val_every=-1", "trainer.val_every=-1", "trainer.val_every=5"),
     ("trainer.max_restarts=-1", "trainer.max_restarts=-1", "trainer.max_restarts=1"),
     ("trainer.max_nonfinite_steps=0", "trainer.max_nonfinite_steps=0", "trainer.max_nonfinite_steps=3"),
+    ("trainer.check_weight_sync_every=-1", "trainer.check_weight_sync_every=-1",
+     "trainer.check_weight_sync_every=0"),
     ("ray.num_cpus=0", "ray.num_cpus=0", "ray.num_cpus=null"),
     # ---- choices
     ("trainer.loggers=[jsonl,foo]", "trainer.loggers", "one of console, jsonl"),

@@ -10,6 +10,8 @@
     engine.update_lora(adapter_state_dict, config)    # pull style of the same
     engine.sleep(); ...train...                       # hand memory to the training engine, then
     engine.wake(("weights",)); <sync>; engine.wake(("kv_cache",))  # weights back first, then the cache
+    engine.weight_checksums()                         # {"name[lo:hi,...]": sha256} of the slices it holds,
+                                                      #   read back (rollout/checksum.py)
 """
 
 from __future__ import annotations
@@ -123,11 +125,32 @@ class RolloutEngine(ABC):
                 consume(bucket)
         return self.last_sync_stats
 
+    # ---- checking a sync: what the engine holds, read back (rollout/checksum.py)
+    def weight_slice_digests(self, boxes: Mapping | None = None) -> list:
+        """[SliceDigest] of every HF parameter's slice this rank holds (or of `boxes`, {name: global Box}
+        inside those slices), read back from the live weights in HF coordinates and hashed in the
+        engine's dtype; a slice that cannot be read back is reported unverifiable."""
+        raise NotImplementedError(f"the {self.backend or type(self).__name__} rollout engine cannot read its "
+                                  "weights back for a checksum; implement weight_slice_digests")
+
+    def weight_checksums(self, boxes: Mapping | None = None) -> dict[str, str]:
+        """{`name[lo:hi,...]`: sha256 hex (or "unverifiable: why")} of `weight_slice_digests(boxes)`."""
+        return {d.key: d.digest for d in self.weight_slice_digests(boxes)}
+
+    def unchecked_weights(self) -> list[str]:
+        """What `weight_checksums` does not cover though a sync writes it (e.g. a LoRA adapter)."""
+        return []
+
     _sleeping: frozenset = frozenset()  # the MEMORY_TAGS `sleep` released and `wake` has not given back
 
     def sleep(self) -> None:
         """Release generation memory (weights, KV cache) while training runs."""
         self._sleeping = frozenset(self._release())
+
+    @property
+    def sleeping(self) -> frozenset:
+        """The MEMORY_TAGS released by `sleep` and not given back by `wake` yet."""
+        return self._sleeping
 
     def wake(self, tags: tuple[str, ...] = MEMORY_TAGS) -> None:
         """Re-acquire what `sleep` released of `tags` ("weights" before a weight sync, "kv_cache" before

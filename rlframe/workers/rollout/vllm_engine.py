@@ -25,6 +25,12 @@ Weight sync (`weight_update()` / `update_weights()`), two paths:
   (quantised or repacked layers).
 After either path the prefix cache is reset (its KV entries were computed with the old weights).
 
+Checking a sync (`weight_checksums()`, rollout/checksum.py): every slice of `needed_boxes` is read
+back from the live parameters (q/k/v and gate/up un-fused by the parts' row counts, vocabulary
+padding dropped) and hashed in the engine's dtype; a layer whose tensors are not a plain copy of the
+weights (quantised, or shaped unlike the kernel layout) is reported unverifiable. LoRA adapters are
+not read back (`unchecked_weights`).
+
 LoRA (RolloutConfig.lora_rank > 0): vLLM is built with `enable_lora=True, max_loras=1` and the
 trainer sends only the adapter each step, `lora_update(config)` / `update_lora(...)`
 (rollout/lora.py says which boxes a TP rank needs: its slice of B for q/k/v/gate/up and of A for
@@ -322,6 +328,29 @@ class VLLMRolloutEngine(RolloutEngine):
         assembler.check_complete()
         fuser.check_complete()
 
+    # ------------------------------------------------------------------ checking a sync
+    def weight_slice_digests(self, boxes=None) -> list:
+        """See `RolloutEngine.weight_slice_digests`: this rank's `needed_boxes`, read back from the
+        parameters the forward reads (rollout/checksum.py undoes the fusing and the vocab padding)."""
+        from rlframe.workers.rollout.checksum import hf_slice_of_kernel_param, slice_digests
+
+        self.require_awake(("weights",), doing="reading the weights back")
+        model = self._runner.get_model()
+        read = {}
+        for name, held in self._needed.items():
+            if not held.empty:
+                found = _kernel_param(model, name)
+                read[name] = (held, found if isinstance(found, str) else
+                              hf_slice_of_kernel_param(name, self._needed, found))
+        with torch.no_grad():
+            return slice_digests(read, boxes)
+
+    def unchecked_weights(self) -> list[str]:
+        if self._lora_version == 0:
+            return []
+        return [f"LoRA adapter v{self._lora_version}: adapters are synced but not read back (only base weights are "
+                "checksummed)"]
+
     # ------------------------------------------------------------------ LoRA adapters
     @property
     def lora_version(self) -> int:
@@ -422,6 +451,24 @@ class VLLMRolloutEngine(RolloutEngine):
         if getattr(self, "llm", None) is not None:
             self._runner = None
             del self.llm
+
+
+def _kernel_param(model, name: str):
+    """vLLM's parameter holding HF parameter `name` (inside a LoRA wrapper too), or why there is none
+    it can be read back from (a missing module, a quantised layer whose tensor is derived)."""
+    from rlframe.workers.rollout.checksum import kernel_name
+
+    module_name, _, leaf = kernel_name(name).rpartition(".")
+    try:
+        module = model.get_submodule(module_name)
+        module = getattr(module, "base_layer", module)  # vLLM's LoRA layers wrap the base layer
+        param = module.get_parameter(leaf)
+    except AttributeError as err:
+        return f"vLLM has no parameter {kernel_name(name)} ({err})"
+    method = getattr(module, "quant_method", None)
+    if method is not None and not type(method).__name__.startswith("Unquantized"):
+        return f"{module_name} computes with {type(method).__name__}: its tensors are derived, not a copy"
+    return param.data
 
 
 def _serve_from_memory(worker_manager, engine: VLLMRolloutEngine) -> None:
