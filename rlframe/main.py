@@ -37,6 +37,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"config {name}: valid (dry run: model/data paths are not checked)\n{describe_run(cfg)}")
         return 0
     from rlframe.controller.startup import check_cpu_precision
+    from rlframe.controller.preflight.checks import InvariantViolation
     from rlframe.controller.trainers import run_training
     from rlframe.controller.trainers.nonfinite import NonFiniteTrainingError
     from rlframe.controller.trainers.restart import WorkerRestartsExhausted
@@ -47,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as err:  # what a joined Ray cluster cannot provide, found once joined
         print(f"rlframe: {err}", file=sys.stderr)
         return 2
-    except (NonFiniteTrainingError, WorkerRestartsExhausted) as err:  # metrics so far are in the run directory
+    except (NonFiniteTrainingError, WorkerRestartsExhausted, InvariantViolation) as err:  # metrics so far are in the run directory
         print(f"rlframe: {err}", file=sys.stderr)
         return 1
     return 0

@@ -23,6 +23,11 @@ CLIPFRAC_LIMITS = {"fp32": 0.0, "bf16": 0.01}
 GROUP_ZERO_MEAN = ("grpo", "dr_grpo", "rloo", "lite_ppo", "group_mean_batch_std")
 
 
+class InvariantViolation(RuntimeError):
+    """A run-time invariant check failed (e.g. trainer.check_weight_sync_every): the run stops rather
+    than train on silently wrong numbers."""
+
+
 @dataclass
 class Check:
     name: str
@@ -132,6 +137,26 @@ def reward_repeats(first: torch.Tensor, second: torch.Tensor) -> Check:
                  f"(over {first.numel()} samples)",
                  "the reward function depends on something besides its input (randomness, time, state): "
                  "reward.function_path / reward.function_name")
+
+
+def nothing_after_end(batch, *, end_ids: frozenset[int]) -> Check:
+    """A response that sampled an end-of-sequence id (any of the generation config's) has no policy
+    token after it in the same turn: what follows is a tool turn (response_mask 0) or padding."""
+    b = batch.batch
+    resp, pmask = b["responses"], b["response_mask"].bool()
+    att = b["attention_mask"][:, -resp.shape[1]:].bool()
+    ends = torch.zeros_like(pmask)
+    for e in end_ids:
+        ends |= resp == e
+    ends &= pmask
+    following = torch.zeros_like(pmask)
+    following[:, :-1] = ends[:, :-1] & pmask[:, 1:] & att[:, 1:]
+    rows = int(following.any(-1).sum())
+    return Check("no policy token after an end-of-sequence id", rows == 0, rows, 0,
+                 f"(rows of {len(resp)}; end ids {sorted(end_ids)})",
+                 "a response was continued past its end: the code that decides whether a response ended tests "
+                 "fewer end ids than the engine stops at (generation_config.json eos_token_id lists; "
+                 "rollout.partial_budget, agent.enabled)")
 
 
 def turns_append_only(snapshots: list[list[list[int]]], final: list[list[int]]) -> Check:

@@ -97,6 +97,8 @@ class PPOTrainer:
             metrics = self.train_step()
             if self.observer is not None:
                 self.observer.after_step(self, metrics)
+            if cfg.check_weight_sync_every > 0 and self.step % cfg.check_weight_sync_every == 0:
+                metrics.update(self.check_weight_sync())
             if self.step == first:  # the start-up stages, once, with the first step's metrics
                 metrics.update(startup.metrics())
             if cfg.val_every > 0 and (self.step % cfg.val_every == 0 or self.step == cfg.total_steps):
@@ -250,6 +252,21 @@ class PPOTrainer:
         if self.val_set is None:
             return {}
         return validate(self, self.val_set)
+
+    def check_weight_sync(self) -> dict:
+        """trainer.check_weight_sync_every: the rollout engine must hold exactly the trainer's weights
+        after a sync (per-slice checksums, weight_check.py); a mismatch stops the run."""
+        from rlframe.controller.preflight.checks import InvariantViolation
+        from rlframe.controller.trainers.weight_check import check_weight_sync, weight_check_metrics
+
+        result = check_weight_sync(self.roles, sync_first=self.pipeline is None)
+        if result.get("sync/mismatched_slices"):
+            raise InvariantViolation(
+                f"step {self.step}: after the weight sync the rollout engine holds other weights than the trainer "
+                f"in {result['sync/mismatched_slices']} of {result['sync/checked_slices']} slices (first: "
+                f"{', '.join(result['mismatched'])}); every generation since the last check used wrong weights. "
+                "Run `rlframe preflight` with this config to see which settings are involved")
+        return weight_check_metrics(result)
 
     # ---- checkpoints ---------------------------------------------------------------------------
     def save(self) -> None:

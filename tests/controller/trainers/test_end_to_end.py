@@ -30,7 +30,8 @@ BASE_TIMERS = {"timing_s/gen", "timing_s/reward", "timing_s/adv", "timing_s/upda
 
 CASES = {
     "ppo": ("ppo_tiny", ["data.train_batch_size=16"], BASE_TIMERS | {"timing_s/values", "timing_s/update_critic"}),
-    "grpo": ("grpo_tiny", ["data.train_batch_size=4"], BASE_TIMERS | {"timing_s/ref"}),
+    "grpo": ("grpo_tiny", ["data.train_batch_size=4", "trainer.check_weight_sync_every=1"],
+             BASE_TIMERS | {"timing_s/ref", "timing_s/weight_check"}),
     "rloo": ("grpo_tiny", ["data.train_batch_size=4", "algorithm.name=rloo", "algorithm.adv_estimator=rloo",
                            "algorithm.use_kl_loss=false", "actor.mini_batch_size=8", "actor.micro_batch_size=4"],
              BASE_TIMERS | {"timing_s/old_log_prob"}),
@@ -74,6 +75,8 @@ def test_dataflow_trains(algo, tmp_path, ray_cluster):
     for r in steps:
         missing = timers - set(r)
         assert not missing, f"{algo}: step {r['step']} lacks {sorted(missing)}"
+        if "trainer.check_weight_sync_every=1" in overrides:  # the rollout holds the trainer's weights
+            assert r["sync/checked_slices"] > 0 and r["sync/mismatched_slices"] == 0, r
     start = load_file(str(Path(model_path(cfg)) / "model.safetensors"))
     end = load_file(str(Path(summary["hf_export"]) / "model.safetensors"))
     unchanged = [k for k in start if torch.equal(start[k], end[k])]

@@ -1,0 +1,100 @@
+"""The configuration space preflight is swept over, and a pairwise-covering set of its points.
+
+Each factor is a setting a user changes; its levels are what the sweep tries. `pairwise_rows()`
+picks rows greedily (the candidate that covers most not-yet-covered pairs of levels, over the rows
+that `valid` allows) until every allowed pair of levels appears in some row: every two settings are
+tried together at least once. Rows are ordered by how much they add, so a prefix of them is the most
+useful subset (the test suite runs one; benchmarks/preflight_sweep.py runs all).
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+
+FACTORS: dict[str, tuple] = {
+    "algorithm": ("grpo", "ppo"),
+    "temperature": (1.0, 0.7),
+    "minibatches": ("1x1", "2x2"),  # ppo_epochs x mini-batches per step
+    "layout": ("dp2", "tp2"),  # the actor's training layout
+    "replicas": (2, 1),  # generation replicas (rollout tp = 2 / replicas)
+    "placement": ("colocated", "split"),
+    "strategy": ("fsdp", "megatron"),
+    "lora": ("off", "dropout"),
+    "partial": ("off", "on"),
+    "agent": ("off", "on"),
+    "async": (0, 1),
+    "precision": ("fp32", "bf16"),
+}
+DEFAULTS = {k: v[0] for k, v in FACTORS.items()}
+ROWS = 16  # one step's rows in every config: grpo 4 prompts x 4 samples, ppo 16 prompts
+
+BASE = ["model.tiny_preset=demo", "data.response_length=6", "data.val_size=16", "trainer.loggers=[jsonl]",
+        "trainer.plot=false", "rollout.kv_cache_bytes=33554432", "actor.micro_batch_size=4",
+        "critic.micro_batch_size=4"]
+
+
+def valid(row: dict) -> bool:
+    """What the config validation refuses, as predicates (a chosen row is validated for real too)."""
+    return not ((row["async"] and row["placement"] != "split")
+                or (row["strategy"] == "megatron" and row["lora"] != "off")
+                or (row["agent"] == "on" and (row["partial"] == "on" or row["algorithm"] != "grpo"))
+                or (row["async"] and (row["partial"] == "on" or row["agent"] == "on")))
+
+
+def _pairs(row: dict) -> set:
+    items = sorted(row.items())
+    return {(a, b) for a, b in itertools.combinations(items, 2)}
+
+
+def pairwise_rows(*, seed: int = 0, candidates: int = 60) -> list[dict]:
+    """Rows covering every valid pair of levels, greedily, the most covering first."""
+    rng = random.Random(seed)
+    names = list(FACTORS)
+    everything = [dict(zip(names, levels)) for levels in itertools.product(*FACTORS.values())]
+    allowed = [r for r in everything if valid(r)]
+    todo = set().union(*(_pairs(r) for r in allowed))
+    rows = []
+    while todo:
+        pool = rng.sample(allowed, min(candidates, len(allowed)))
+        pool += [r for r in allowed if not _pairs(r).isdisjoint(todo)][:candidates]  # keep progress possible
+        best = max(pool, key=lambda r: len(_pairs(r) & todo))
+        rows.append(best)
+        todo -= _pairs(best)
+    return rows
+
+
+def config_for(row: dict) -> tuple[str, list[str]]:
+    """(config name, overrides) of a sweep row."""
+    grpo = row["algorithm"] == "grpo"
+    name = "grpo_tiny" if grpo else "ppo_tiny"
+    o = list(BASE) + [f"data.train_batch_size={ROWS // 4 if grpo else ROWS}", f"rollout.temperature={row['temperature']}"]
+    epochs, mini = (1, ROWS) if row["minibatches"] == "1x1" else (2, ROWS // 2)
+    dp, tp = (2, 1) if row["layout"] == "dp2" else (1, 2)
+    roles = ["actor"] + ([] if grpo else ["critic"])
+    for role in roles:
+        o += [f"{role}.ppo_epochs={epochs}", f"{role}.mini_batch_size={mini}", f"{role}.dp={dp}", f"{role}.tp={tp}",
+              f"{role}.strategy={row['strategy']}"]
+    o.append(f"rollout.tp={2 // row['replicas']}")
+    if row["placement"] == "split":
+        o += ["resources.placement=split", "+resources.split_procs={actor: 2, rollout: 2" + ("" if grpo else
+                                                                                        ", critic: 2") + "}"]
+    if row["lora"] == "dropout":
+        o += ["actor.lora_rank=8", "actor.lora_alpha=16", "actor.lora_dropout=0.1", "actor.lr=1e-3"]
+    if row["partial"] == "on":
+        o.append("rollout.partial_budget=3")
+    if row["agent"] == "on":
+        o = [x for x in o if not x.startswith(("model.tiny_preset", "data.response_length"))]
+        o += ["model.tiny_preset=agent", "data.task=tool_arithmetic", "agent.enabled=true", "data.prompt_length=128",
+              "data.response_length=48"]
+    if row["async"]:
+        o.append(f"trainer.max_staleness={row['async']}")
+    if row["precision"] == "bf16":
+        o.append("actor.precision=bf16")
+    return name, o
+
+
+def describe(row: dict) -> str:
+    """The row's settings that differ from the first level of each factor."""
+    changed = [f"{k}={v}" for k, v in row.items() if v != DEFAULTS[k]]
+    return ", ".join(changed) or "defaults"

@@ -1,0 +1,30 @@
+"""`rlframe preflight` end to end on a fixed subset of the pairwise sweep (real Ray, worker groups,
+vLLM, resharding; 2 steps each): every invariant holds on each row. The rows are the first of
+`pairwise_rows()` (the most covering first); benchmarks/preflight_sweep.py runs the whole sweep."""
+
+import pytest
+
+from rlframe.config import load_config, validate
+from rlframe.controller.preflight.run import run_preflight
+from rlframe.controller.preflight.sweep import config_for, describe, pairwise_rows
+
+SUITE_ROWS = (0, 1, 2, 3)
+ALWAYS = {"rollout vs training engine log-prob gap (mean)", "reward function repeats its score",
+          "no policy token after an end-of-sequence id", "rollout weights equal the trainer's after a sync"}
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+@pytest.mark.parametrize("index", SUITE_ROWS)
+def test_preflight_row_holds_every_invariant(index, ray_cluster):
+    row = pairwise_rows()[index]
+    name, overrides = config_for(row)
+    report = run_preflight(validate(load_config(name, overrides)), steps=2, config_name=name)
+    assert not report.failed, f"{describe(row)}\n{report.text()}"
+    ran = {c.name for c in report.results}
+    missing = {n for n in ALWAYS if n not in ran}
+    if row["async"]:  # the weights move on before a check can compare them (see weight_check.py)
+        missing.discard("rollout weights equal the trainer's after a sync")
+    assert not missing, f"{describe(row)}: checks that did not run: {missing}"
+    if row["temperature"] > 0 and row["algorithm"] == "grpo":
+        assert any(c.name.startswith("duplicate samples") for c in report.results)
