@@ -83,29 +83,53 @@ def _sequences(responses: torch.Tensor, mask: torch.Tensor) -> list[tuple[int, .
     return [tuple(r[m.bool()].tolist()) for r, m in zip(responses, mask)]
 
 
-def duplicate_samples(batch, *, temperature: float) -> Check:
-    """Samples of one group are independent draws. Two draws coincide with probability sum_s p(s)^2,
-    whose unbiased estimate from a group is the mean of p(s_i) over its samples (p from the rollout's
-    log-probs of the sampling distribution); duplicates far above that expectation mean shared seeds."""
+def duplicate_counts(batch, *, rare: float = 0.1) -> dict[str, float]:
+    """Duplicate pairs inside groups, seen and expected by chance, over all samples and over unlikely
+    ones. Two draws of a group coincide with probability sum_s p(s)^2, whose unbiased estimate is the
+    mean of p(s_i) over the group's samples (p from the rollout's log-probs of the sampling
+    distribution); coinciding on a sequence with p < `rare` has the estimate mean(p_i * [p_i < rare])."""
     b = batch.batch
     seqs = _sequences(b["responses"], b["attention_mask"][:, -b["responses"].shape[1]:])
     seq_p = torch.exp((b["rollout_log_probs"].double() * b["response_mask"]).sum(-1)).tolist()
     groups: dict = {}
     for i, uid in enumerate(batch.non_tensor_batch["uid"]):
         groups.setdefault(uid, []).append(i)
-    observed = expected = 0.0
+    out = {"seen": 0.0, "seen_rare": 0.0, "expected": 0.0, "expected_rare": 0.0, "groups": float(len(groups))}
     for rows in groups.values():
-        n = len(rows)
-        if n < 2:
-            continue
-        observed += sum(seqs[i] == seqs[j] for a, i in enumerate(rows) for j in rows[a + 1:])
-        expected += n * (n - 1) / 2 * float(np.mean([seq_p[i] for i in rows]))
-    limit = expected + 4 * math.sqrt(expected) + 3
-    return Check(f"duplicate samples in a group (temperature {temperature})", observed <= limit, observed, limit,
-                 f"(expected {expected:.1f} by chance over {len(groups)} groups)",
+        pairs = len(rows) * (len(rows) - 1) / 2
+        for a, i in enumerate(rows):
+            for j in rows[a + 1:]:
+                if seqs[i] == seqs[j]:
+                    out["seen"] += 1
+                    out["seen_rare"] += seq_p[i] < rare
+        if pairs:
+            out["expected"] += pairs * float(np.mean([seq_p[i] for i in rows]))
+            out["expected_rare"] += pairs * float(np.mean([seq_p[i] * (seq_p[i] < rare) for i in rows]))
+    return out
+
+
+def duplicate_samples(counts: dict[str, float], *, temperature: float, scope: str = "") -> Check:
+    """Samples of one group are independent draws: fails when the duplicates seen, all of them or those
+    of unlikely samples, are beyond chance (Poisson tail below 1e-3), i.e. shared seeds rather than a
+    confident model. `counts`: duplicate_counts of one batch, or their sums over several."""
+    tail = min(_poisson_tail(int(counts["seen"]), counts["expected"]),
+               _poisson_tail(int(counts["seen_rare"]), counts["expected_rare"]))
+    return Check(f"duplicate samples in a group{scope} (temperature {temperature})", tail >= 1e-3, counts["seen"],
+                 counts["expected"], f"(the limit is their expectation by chance over {counts['groups']:.0f} groups; "
+                 f"{counts['seen_rare']:.0f} duplicates of unlikely samples, {counts['expected_rare']:.2g} expected; "
+                 f"chance of this many or more {tail:.2g})",
                  "samples of one group drawn with the same seed: seeds must follow the sample's global identity "
-                 "(rollout/seeds.py), not its row in a generation replica's chunk (rollout.dp / replicas, "
+                 "(rollout/seeds.py), not its row in a generation replica's chunk (generation replicas, "
                  "rollout.partial_budget, agent.enabled)")
+
+
+def _poisson_tail(k: int, mean: float) -> float:
+    """P(X >= k) for X ~ Poisson(mean)."""
+    if k <= 0:
+        return 1.0
+    mean = max(mean, 1e-12)
+    below = sum(math.exp(-mean + i * math.log(mean) - math.lgamma(i + 1)) for i in range(k))
+    return max(0.0, 1.0 - below)
 
 
 def group_zero_mean(batch, *, estimator: str) -> Check | None:

@@ -28,6 +28,7 @@ class PreflightObserver:
     def __init__(self, cfg, *, precision: str):
         self.cfg, self.precision = cfg, precision
         self.results: list[Check] = []
+        self.duplicates: dict[str, float] = {}  # duplicate_counts summed over the steps
 
     def add(self, step: int, found) -> None:
         for c in (found if isinstance(found, list) else [found]):
@@ -53,7 +54,9 @@ class PreflightObserver:
                                               name="actor vs reference at step 1 (k1 KL)", cause=REF_CAUSE))
         dpo = cfg.algorithm.name == "online_dpo"  # its batch holds (chosen, rejected) pairs, some repeated
         if not dpo and cfg.rollout.temperature > 0 and cfg.algorithm.n_samples > 1 and "uid" in batch.non_tensor_batch:
-            self.add(step, checks.duplicate_samples(batch, temperature=cfg.rollout.temperature))
+            counts = checks.duplicate_counts(batch)
+            self.add(step, checks.duplicate_samples(counts, temperature=cfg.rollout.temperature))
+            self.duplicates = {k: self.duplicates.get(k, 0.0) + v for k, v in counts.items()}
         tis = phases.off_policy(cfg) and cfg.algorithm.off_policy_correction == "tis"
         if "advantages" in batch.batch.keys() and not tis:
             self.add(step, checks.group_zero_mean(batch, estimator=cfg.algorithm.adv_estimator))
@@ -68,6 +71,12 @@ class PreflightObserver:
         again = batch.select(batch_keys=[k for k in REWARD_KEYS if k in batch.batch.keys()], non_tensor_keys=nt)
         again, _ = trainer.score(again)
         return checks.reward_repeats(batch.batch["token_level_scores"].sum(-1), again.batch["token_level_scores"].sum(-1))
+
+    def finish(self, steps: int) -> None:
+        """Checks over the whole run: duplicates summed over its steps (more evidence than one step)."""
+        if self.duplicates and steps > 1:
+            self.add(steps, checks.duplicate_samples(self.duplicates, temperature=self.cfg.rollout.temperature,
+                                                     scope=f" over {steps} steps"))
 
     # ---- after the step ---------------------------------------------------------------------------
     def after_step(self, trainer, metrics: dict) -> None:

@@ -72,6 +72,7 @@ def run_preflight(cfg, *, steps: int = 2, config_name: str = "", output_dir: str
             if trainer.agent is not None:
                 trainer.agent.turn_checks = []
             trainer.fit()
+            observer.finish(trainer.step)
         finally:
             trainer.close()
     return PreflightReport(config=config_name, results=observer.results)

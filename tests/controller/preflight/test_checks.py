@@ -21,10 +21,10 @@ def _batch(responses, lps, uids, adv=None):
 def test_duplicates_against_their_chance():
     # unlikely samples (p = e^-6 each) that coincide in every group: shared seeds
     dup = _batch([[5, 6, g] for g in range(8) for _ in range(4)], [[-2.0] * 3] * 32, [g for g in "abcdefgh" for _ in range(4)])
-    assert not checks.duplicate_samples(dup, temperature=1.0).ok
+    assert not checks.duplicate_samples(checks.duplicate_counts(dup), temperature=1.0).ok
     # a near-certain answer repeats by chance
     sure = _batch([[5, 6, 7]] * 4, [[-0.01] * 3] * 4, ["a"] * 4)
-    assert checks.duplicate_samples(sure, temperature=1.0).ok
+    assert checks.duplicate_samples(checks.duplicate_counts(sure), temperature=1.0).ok
 
 
 def test_group_zero_mean_and_estimators():
