@@ -96,7 +96,8 @@ class TrainRoleConfig:
     weight_decay: float = 0.0
     grad_clip: float = 1.0
     lr_schedule: str = "constant"
-    warmup_steps: int = 0
+    warmup_steps: int = 0  # optimizer steps (config/schedule.py counts them)
+    min_lr_ratio: float = 0.0  # cosine decays to min_lr_ratio * lr
     ppo_epochs: int = 1
     mini_batch_size: int = 64  # samples per optimizer step
     micro_batch_size: int | None = 32

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from rlframe.config.ranges import check_ranges
 from rlframe.config.resources import check_private_cluster
+from rlframe.config.schedule import optimizer_steps, optimizer_steps_per_step
 from rlframe.config.schema import ALGORITHMS, RunConfig
 
 GROUP_ESTIMATORS = ("grpo", "dr_grpo", "rloo", "reinforce_plus_plus_baseline", "lite_ppo",
@@ -213,10 +214,12 @@ def _check_roles_and_trainer(cfg: RunConfig, out: list[str]) -> None:
             out.append(f"{name}.max_tokens_per_micro_batch={role.max_tokens_per_micro_batch} cannot hold one "
                        f"sequence of data.prompt_length + data.response_length = {seq_len} tokens; "
                        f"set it >= {seq_len} (or null)")
-        optimizer_steps = cfg.trainer.total_steps * role.ppo_epochs  # the engine's schedule length
-        if role.lr_schedule == "cosine" and role.warmup_steps >= optimizer_steps:
-            out.append(f"{name}.warmup_steps={role.warmup_steps} leaves no steps for the cosine decay "
-                       f"(trainer.total_steps * {name}.ppo_epochs = {optimizer_steps}); lower warmup_steps")
+        steps = optimizer_steps(cfg, role)  # the engine's schedule length
+        if role.lr_schedule == "cosine" and role.warmup_steps >= steps:
+            out.append(f"{name}.warmup_steps={role.warmup_steps} leaves no steps for the cosine decay: the run takes "
+                       f"{steps} optimizer steps (trainer.total_steps {cfg.trainer.total_steps} x "
+                       f"{optimizer_steps_per_step(cfg, role)} per step: {name}.ppo_epochs x mini-batches of "
+                       f"{name}.mini_batch_size); lower warmup_steps")
     res = cfg.resources
     split = res.split_procs or {}
     unknown = sorted(set(split) - {"actor", "critic", "ref", "rollout"})

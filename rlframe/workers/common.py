@@ -22,6 +22,7 @@ def build_train_engine(role: TrainRoleConfig, *, model_path: str, head: str, tot
         sequence_parallel=role.sequence_parallel, lr=role.lr if lr is None else lr,
         weight_decay=role.weight_decay, grad_clip=role.grad_clip, lr_schedule=role.lr_schedule,
         warmup_steps=role.warmup_steps, total_steps=max(total_steps, role.warmup_steps + 1),
+        min_lr_ratio=role.min_lr_ratio,
         micro_batch_size=role.micro_batch_size, max_tokens_per_micro_batch=role.max_tokens_per_micro_batch,
         seed=seed, frozen=frozen, mixed_precision=mixed_precision_setting(role.precision),
         # A frozen engine (a reference policy) is the plain model: adapters would only add zeros.

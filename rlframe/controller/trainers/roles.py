@@ -7,6 +7,7 @@ import dataclasses
 import time
 from dataclasses import dataclass
 
+from rlframe.config.schedule import optimizer_steps
 from rlframe.config.schema import RunConfig
 from rlframe.config.validate import role_world_sizes
 from rlframe.controller import RayWorkerGroup, ResourcePool, RoleSpec
@@ -97,7 +98,6 @@ def worker_class(target: str | None, default: type) -> type:
 
 
 def role_specs(cfg: RunConfig, *, actor_path: str, critic_path: str) -> dict[str, RoleSpec]:
-    total = cfg.trainer.total_steps * max(1, cfg.actor.ppo_epochs)
     # a partial rollout's continuation may sample a whole budget past the response length (cut off after)
     max_len = cfg.data.prompt_length + cfg.data.response_length + cfg.rollout.partial_budget
     if cfg.agent.enabled:  # a later turn's prompt holds the earlier turns, and may ask for all tokens left
@@ -108,7 +108,7 @@ def role_specs(cfg: RunConfig, *, actor_path: str, critic_path: str) -> dict[str
     split = cfg.resources.placement == "split"  # generation in its own group, not the actor's processes
     specs = {"actor": RoleSpec(worker_class(cfg.actor.worker_cls, ActorWorker), kwargs=dict(
         model_path=actor_path, actor=cfg.actor, algorithm=algorithm, rollout=None if split else cfg.rollout,
-        max_model_len=max_len, total_steps=total, seed=cfg.trainer.seed))}
+        max_model_len=max_len, total_steps=optimizer_steps(cfg, cfg.actor), seed=cfg.trainer.seed))}
     if split:
         specs["rollout"] = RoleSpec(GeneratorWorker, kwargs=dict(model_path=actor_path, rollout=cfg.rollout,
                                                                  max_model_len=max_len, seed=cfg.trainer.seed,
@@ -116,7 +116,7 @@ def role_specs(cfg: RunConfig, *, actor_path: str, critic_path: str) -> dict[str
     if cfg.uses_critic:
         specs["critic"] = RoleSpec(worker_class(cfg.critic.worker_cls, CriticWorker), kwargs=dict(
             model_path=critic_path, critic=cfg.critic, loss_agg_mode=cfg.algorithm.loss_agg_mode or "token-mean",
-            total_steps=total, seed=cfg.trainer.seed))
+            total_steps=optimizer_steps(cfg, cfg.critic), seed=cfg.trainer.seed))
     # with LoRA the actor is its own reference (adapters off): no second copy of the weights
     if (cfg.uses_ref or cfg.algorithm.name == "online_dpo") and cfg.actor.lora_rank == 0:
         specs["ref"] = RoleSpec(ReferenceWorker, kwargs=dict(model_path=actor_path, layout=cfg.actor,
