@@ -87,41 +87,41 @@ class AgentLoop:
         self.max_turns, self.response_length = max_turns, response_length
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
         self.eos_ids = end_of_sequence_ids(tokenizer)  # every id a turn may end with (rollout/stops.py)
+        self.turn_checks: list | None = None  # preflight: a list to which each run adds its append-only check
         tool_turn_text(tokenizer, ["0"])  # the template's errors surface before any generation
 
     def run(self, prompts: DataProto, sampling: SamplingConfig, generate: Generate) -> tuple[DataProto, dict]:
         ids, mask = prompts.batch["input_ids"], prompts.batch["attention_mask"]
         n = sampling.n
         trajs = [Trajectory(prompt=ids[i][mask[i].bool()].tolist(), sample=i * n + j)
-        self.turn_checks: list | None = None  # preflight: a list to which each run adds its append-only check
                  for i in range(len(prompts)) for j in range(n)]
         statuses: Counter = Counter()
         metrics: dict[str, float] = {}
         turn = 0
+        snapshots = [[] for _ in trajs]  # preflight: each trajectory's tokens after every turn
         while active := [t for t in trajs if not t.done]:
             turn += 1
             self._generate_turn(active, sampling, generate, seed_salt=turn, metrics=metrics)
             pending = [(t, calls) for t in active if (calls := self._calls_to_run(t))]
             if pending:
                 results = self.runner.run([c for _, calls in pending for c in calls])
-        snapshots = [[] for _ in trajs]  # preflight: each trajectory's tokens after every turn
                 statuses.update(r.status for r in results)
                 k = 0
                 for t, calls in pending:
                     self._append_tool_turn(t, [r.text for r in results[k:k + len(calls)]])
                     k += len(calls)
+            if self.turn_checks is not None:
+                for snap, t in zip(snapshots, trajs):
+                    snap.append(list(t.tokens))
         batch = self._batch(prompts, trajs, n)
+        if self.turn_checks is not None:
+            self.turn_checks.append(turns_append_only(snapshots, _response_rows(batch)))
         return batch, {**metrics, **self._metrics(trajs, statuses)}
 
     def _generate_turn(self, active: list[Trajectory], sampling: SamplingConfig, generate: Generate, *,
                        seed_salt: int, metrics: dict) -> None:
         rows = [t.prompt + t.tokens for t in active]
-            if self.turn_checks is not None:
-                for snap, t in zip(snapshots, trajs):
-                    snap.append(list(t.tokens))
         room = max(self.response_length - len(t.tokens) for t in active)
-        if self.turn_checks is not None:
-            self.turn_checks.append(turns_append_only(snapshots, _response_rows(batch)))
         gen_in = DataProto.from_dict(tensors=prompts_from_rows(rows, pad_id=self.pad_id))
         if sampling.seed is not None:  # each turn's seed: the call's seed, the sample, the turn (not the row)
             gen_in.batch[SEED_KEY] = seeds_for([(sampling.seed, t.sample, seed_salt) for t in active])
@@ -185,6 +185,13 @@ class AgentLoop:
         return m
 
 
+def _response_rows(batch: DataProto) -> list[list[int]]:
+    """Each row's response tokens as the batch holds them (policy and tool turns: attention 1)."""
+    resp = batch.batch["responses"]
+    att = batch.batch["attention_mask"][:, -resp.shape[1]:].bool()
+    return [r[a].tolist() for r, a in zip(resp, att)]
+
+
 def _last_zero(mask: list[int]) -> int:
     """Index just past the last tool token (0 when there is none): where the latest policy turn starts."""
     for i in range(len(mask) - 1, -1, -1):
@@ -200,12 +207,5 @@ def build_agent_loop(cfg, tokenizer) -> AgentLoop:
     from rlframe.agents.tools import load_tools
 
     tools = load_tools(cfg.agent.tools_path, builtin=tuple(cfg.agent.builtin_tools))
-def _response_rows(batch: DataProto) -> list[list[int]]:
-    """Each row's response tokens as the batch holds them (policy and tool turns: attention 1)."""
-    resp = batch.batch["responses"]
-    att = batch.batch["attention_mask"][:, -resp.shape[1]:].bool()
-    return [r[a].tolist() for r, a in zip(resp, att)]
-
-
     runner = ToolRunner(tools, max_result_chars=cfg.agent.max_result_chars)
     return AgentLoop(tokenizer, runner, max_turns=cfg.agent.max_turns, response_length=cfg.data.response_length)
