@@ -25,7 +25,7 @@ from rlframe.resharding.channel import P2PChannel
 from rlframe.resharding.executor import execute_plan
 from rlframe.resharding.layout import generation_layout
 from rlframe.workers.common import (
-    LOSS_WEIGHTING, build_train_engine, lora_sync_config, metrics_only, prefixed, rollout_config, sampling_temperature,
+    RL_LOSS_WEIGHTING, build_train_engine, lora_sync_config, metrics_only, prefixed, rollout_config, sampling_temperature,
     train_mesh,
 )
 from rlframe.workers.losses import actor_loss_fn, check_on_policy, dpo_loss_fn, sft_loss_fn
@@ -207,7 +207,7 @@ class ActorWorker(TrainedRole):
         loss_fn = actor_loss_fn(self.algo, loss_scale_factor=data.meta_info.get("loss_scale_factor"),
                                 on_policy=on_policy)
         agg_mode = resolve_loss_agg_mode(policy_loss=self.algo.policy_loss, loss_agg_mode=self.algo.loss_agg_mode)
-        return self.run_epochs(data, loss_fn, prefix="actor", loss_weighting=LOSS_WEIGHTING[agg_mode],
+        return self.run_epochs(data, loss_fn, prefix="actor", loss_weighting=RL_LOSS_WEIGHTING,
                                temperature=temperature, with_entropy=True)
 
     def _update_dpo(self, data: DataProto, *, temperature: float) -> DataProto:

@@ -9,9 +9,10 @@ from rlframe.workers.engines.base import mixed_precision_setting
 from rlframe.workers.rollout import RolloutConfig
 from rlframe.workers.rollout.config import CPU_KV_CACHE_BYTES
 
-# Per-micro-batch loss weighting that makes accumulation equal one big batch (see the engine).
-LOSS_WEIGHTING = {"token-mean": "tokens", "seq-mean-token-sum": "samples", "seq-mean-token-mean": "samples",
-                  "seq-mean-token-sum-norm": "samples"}
+# The RL losses normalise by the mini-batch's global counts, which the engine gives each micro-batch
+# (engines/accumulate.py): the sum over micro-batches and dp ranks is then the whole mini-batch's loss
+# for every loss mode, with empty rows and uneven splits alike (workers/losses.py).
+RL_LOSS_WEIGHTING = "global"
 
 
 def build_train_engine(role: TrainRoleConfig, *, model_path: str, head: str, total_steps: int, seed: int,

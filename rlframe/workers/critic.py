@@ -5,7 +5,7 @@ from __future__ import annotations
 from rlframe.config.schema import TrainRoleConfig
 from rlframe.controller import Dispatch, register
 from rlframe.protocol import DataProto
-from rlframe.workers.common import LOSS_WEIGHTING, build_train_engine, train_mesh
+from rlframe.workers.common import RL_LOSS_WEIGHTING, build_train_engine, train_mesh
 from rlframe.workers.losses import critic_loss_fn
 from rlframe.workers.trained_role import TrainedRole
 
@@ -28,5 +28,5 @@ class CriticWorker(TrainedRole):
     @register(dispatch=Dispatch.DP_COMPUTE)
     def update_critic(self, data: DataProto) -> DataProto:
         loss_fn = critic_loss_fn(cliprange_value=self.cfg.cliprange_value, loss_agg_mode=self.loss_agg_mode)
-        return self.run_epochs(data, loss_fn, prefix="critic", loss_weighting=LOSS_WEIGHTING[self.loss_agg_mode],
+        return self.run_epochs(data, loss_fn, prefix="critic", loss_weighting=RL_LOSS_WEIGHTING,
                                seed_salt=7)

@@ -5,7 +5,8 @@ Backends average gradients over dp (FSDP2's reduce-scatter, Megatron DDP's all-r
 weights below, `sum_micro_batches(loss * weight)` then yields the gradient of one big batch:
 with "tokens" a micro-batch's mean-per-token loss counts in proportion to its response tokens out
 of all response tokens of all micro-batches of all dp ranks (so 1 x 8 == 8 x 1 and dp2 == dp1);
-"samples" weights by samples; "none" sums the losses as given (the loss normalises globally).
+"samples" weights by samples; "none" sums the losses as given; "global" sums them too and gives the
+loss function the mini-batch's global counts to normalise by (`attach_global_counts`).
 """
 
 from __future__ import annotations
@@ -28,6 +29,9 @@ def micro_batch_weights(mbs: list[MicroBatch], loss_weighting: str, *, dp: int, 
         raise ValueError(f"loss_weighting {loss_weighting!r} is unknown; use one of {LOSS_WEIGHTINGS}")
     if loss_weighting == "none":
         return [dp * mb.weight_scale for mb in mbs]
+    if loss_weighting == "global":
+        attach_global_counts(mbs, dp=dp, dp_group=dp_group, device=device)
+        return [dp * mb.weight_scale for mb in mbs]
     if loss_weighting == "tokens":
         require_keys(mbs[0].data, ("response_mask",), what="loss_weighting='tokens'")
         units = [float(mb.data["response_mask"].sum()) * mb.weight_scale for mb in mbs]
@@ -39,6 +43,28 @@ def micro_batch_weights(mbs: list[MicroBatch], loss_weighting: str, *, dp: int, 
     if float(total) <= 0:
         raise ValueError(f"loss_weighting={loss_weighting!r}: the batch has no response tokens/samples to weight")
     return [u * dp / float(total) for u in units]
+
+
+def attach_global_counts(mbs: list[MicroBatch], *, dp: int, dp_group, device: torch.device) -> None:
+    """Put the mini-batch's valid response tokens and non-empty rows, over every micro-batch of every
+    dp rank (padding micro-batches excluded), into each micro-batch as 0-d tensors
+    `global_token_count` and `global_seq_count`: a loss normalised by them, summed over the
+    micro-batches, is the loss of the whole mini-batch computed at once (loss_weighting "global")."""
+    require_keys(mbs[0].data, ("response_mask",), what="loss_weighting='global'")
+    local = torch.zeros(2, dtype=torch.float64)
+    for mb in mbs:
+        if mb.weight_scale:
+            mask = mb.data["response_mask"].detach().cpu()
+            local += torch.tensor([float(mask.sum()), float((mask.sum(-1) > 0).sum())], dtype=torch.float64)
+    local = local.to(device)
+    if dp > 1:
+        dist.all_reduce(local, group=dp_group)
+    tokens, seqs = (float(v) for v in local.cpu())
+    if tokens <= 0:
+        raise ValueError("loss_weighting='global': the mini-batch has no response tokens to normalise by")
+    for mb in mbs:
+        mb.data["global_token_count"] = torch.tensor(tokens, dtype=torch.float32, device=device)
+        mb.data["global_seq_count"] = torch.tensor(seqs, dtype=torch.float32, device=device)
 
 
 def check_scalar_loss(loss) -> None:

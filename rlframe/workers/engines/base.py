@@ -26,7 +26,7 @@ LossFn = Callable[[Mapping[str, torch.Tensor], Mapping[str, torch.Tensor]], tupl
 
 HEADS = ("lm", "value")
 LR_SCHEDULES = ("constant", "cosine")
-LOSS_WEIGHTINGS = ("tokens", "samples", "none")
+LOSS_WEIGHTINGS = ("tokens", "samples", "none", "global")
 
 
 @dataclass
