@@ -99,7 +99,7 @@ def score(batch: DataProto, *, cfg: RunConfig, tokenizer, reward_manager, reward
     metrics["critic/accuracy"] = float((scores >= 1.0).float().mean())
     if reward_model is not None:
         scores = reward_model.compute_rm_score(batch).batch["rm_scores"].float()
-    lengths = batch.batch["response_mask"].sum(-1)
+    lengths = occupied_lengths(batch)
     if cfg.algorithm.overlong_buffer_len > 0:
         penalty = overlong_reward_penalty(response_lengths=lengths, max_response_length=cfg.data.response_length,
                                           overlong_buffer_len=cfg.algorithm.overlong_buffer_len,
@@ -108,6 +108,15 @@ def score(batch: DataProto, *, cfg: RunConfig, tokenizer, reward_manager, reward
         metrics["reward/overlong_penalty_mean"] = float(penalty.mean())
     batch.batch["token_level_scores"] = token_level_scores(scores, batch.batch["response_mask"])
     return batch, metrics
+
+
+def occupied_lengths(batch: DataProto) -> torch.Tensor:
+    """(B,) tokens each response occupies of the data.response_length budget: the policy's tokens and,
+    with the agent loop, the tool turns between them (attention 1 over the response). DAPO's overlong
+    penalty compares this with the budget, so a trajectory cut off by tool output is penalised like
+    one cut off by its own tokens; without tools it is the response's length."""
+    resp = batch.batch["responses"]
+    return batch.batch["attention_mask"][:, -resp.shape[1]:].sum(-1)
 
 
 def advantages(batch: DataProto, *, cfg: RunConfig, kl_ctrl) -> tuple[DataProto, dict]:
