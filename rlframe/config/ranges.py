@@ -115,6 +115,7 @@ RANGES: dict[str, Rule] = {
     "trainer.max_nonfinite_steps": POSITIVE_INT,
     "trainer.collective_timeout_s": at_least(10, " (seconds; a checkpoint write or model load on one rank must fit)"),
     "trainer.max_staleness": at_least(0, " (0: synchronous)"),
+    "trainer.critic_warmup": at_least(0, " (steps that update only the critic; 0: off)"),
     "rollout.partial_budget": at_least(0, " (0: whole responses in one round)"),
     "agent.max_turns": at_least(1, " (assistant turns per trajectory)"),
     "agent.max_result_chars": at_least(1, ""),

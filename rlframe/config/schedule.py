@@ -24,6 +24,8 @@ def optimizer_steps_per_step(cfg, role) -> int:
     return max(1, role.ppo_epochs) * max(1, math.ceil(rows_per_step(cfg) / role.mini_batch_size))
 
 
-def optimizer_steps(cfg, role) -> int:
-    """The role's optimizer steps over the whole run: the length of its learning-rate schedule."""
-    return cfg.trainer.total_steps * optimizer_steps_per_step(cfg, role)
+def optimizer_steps(cfg, role, *, actor: bool = False) -> int:
+    """The role's optimizer steps over the whole run: the length of its learning-rate schedule. The
+    actor takes none in the first trainer.critic_warmup steps."""
+    steps = cfg.trainer.total_steps - (cfg.trainer.critic_warmup if actor else 0)
+    return max(1, steps) * optimizer_steps_per_step(cfg, role)

@@ -203,6 +203,9 @@ class TrainerConfig:
     # Every this many steps, check that the rollout engine holds exactly the trainer's weights after
     # the sync (per-slice checksums, controller/trainers/weight_check.py). 0: never.
     check_weight_sync_every: int = 0
+    # PPO with a critic: the first this many steps update only the critic (the actor does not learn
+    # from a value head that is still random; verl's critic_warmup). 0: off.
+    critic_warmup: int = 0
 
 
 @dataclass

@@ -214,12 +214,18 @@ def _check_roles_and_trainer(cfg: RunConfig, out: list[str]) -> None:
             out.append(f"{name}.max_tokens_per_micro_batch={role.max_tokens_per_micro_batch} cannot hold one "
                        f"sequence of data.prompt_length + data.response_length = {seq_len} tokens; "
                        f"set it >= {seq_len} (or null)")
-        steps = optimizer_steps(cfg, role)  # the engine's schedule length
+        steps = optimizer_steps(cfg, role, actor=name == "actor")  # the engine's schedule length
         if role.lr_schedule == "cosine" and role.warmup_steps >= steps:
             out.append(f"{name}.warmup_steps={role.warmup_steps} leaves no steps for the cosine decay: the run takes "
                        f"{steps} optimizer steps (trainer.total_steps {cfg.trainer.total_steps} x "
                        f"{optimizer_steps_per_step(cfg, role)} per step: {name}.ppo_epochs x mini-batches of "
                        f"{name}.mini_batch_size); lower warmup_steps")
+    if cfg.trainer.critic_warmup and not cfg.uses_critic:
+        out.append(f"trainer.critic_warmup={cfg.trainer.critic_warmup} updates only the critic, but this run has none "
+                   f"(algorithm.adv_estimator={cfg.algorithm.adv_estimator}); set trainer.critic_warmup=0")
+    elif cfg.trainer.critic_warmup >= cfg.trainer.total_steps:
+        out.append(f"trainer.critic_warmup={cfg.trainer.critic_warmup} leaves the actor no step of trainer.total_steps="
+                   f"{cfg.trainer.total_steps}; lower it")
     res = cfg.resources
     split = res.split_procs or {}
     unknown = sorted(set(split) - {"actor", "critic", "ref", "rollout"})

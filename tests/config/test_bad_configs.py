@@ -66,6 +66,8 @@ CASES = [
     ("trainer.check_weight_sync_every=-1", "trainer.check_weight_sync_every=-1",
      "trainer.check_weight_sync_every=0"),
     ("ray.num_cpus=0", "ray.num_cpus=0", "ray.num_cpus=null"),
+    ("trainer.critic_warmup=-1", "trainer.critic_warmup=-1", "trainer.critic_warmup=0"),
+    ("actor.min_lr_ratio=1.5", "actor.min_lr_ratio=1.5", "actor.min_lr_ratio=0.0"),
     # ---- choices
     ("trainer.loggers=[jsonl,foo]", "trainer.loggers", "one of console, jsonl"),
     ("actor.strategy=deepspeed", "actor.strategy='deepspeed'", "one of fsdp, megatron"),
@@ -84,6 +86,9 @@ CASES = [
     ("data.train_size=100", "data.train_batch_size=128", "raise train_size"),
     ("actor.max_tokens_per_micro_batch=10", "actor.max_tokens_per_micro_batch=10", "set it >= 24"),
     ("actor.lr_schedule=cosine actor.warmup_steps=60", "actor.warmup_steps=60", "lower warmup_steps"),
+    ("algorithm.name=grpo algorithm.adv_estimator=grpo algorithm.n_samples=2 trainer.critic_warmup=2",
+     "trainer.critic_warmup=2", "trainer.critic_warmup=0"),
+    ("trainer.critic_warmup=60", "trainer.critic_warmup=60", "lower it"),
     ("resources.split_procs={actor:2}", "resources.split_procs", "set placement=split"),
     ("resources.placement=split resources.split_procs={reward:2}", "resources.split_procs has unknown roles",
      "use actor, critic, ref and rollout"),

@@ -155,7 +155,8 @@ class PPOTrainer:
             updates = {}  # independent: the critic and the actor update at once when in separate groups
             if self.roles.critic is not None:
                 updates["update_critic"] = self.roles.critic.update_critic(batch, blocking=False)
-            updates["update_actor"] = self.roles.actor.update_actor(batch, blocking=False)
+            if self.step > self.cfg.trainer.critic_warmup:  # critic warm-up: the value head learns first
+                updates["update_actor"] = self.roles.actor.update_actor(batch, blocking=False)
             for _, out in phases.wait_in_order(updates, t):
                 m.update(gathered(out))
             if self.pipeline is not None:

@@ -108,7 +108,7 @@ def role_specs(cfg: RunConfig, *, actor_path: str, critic_path: str) -> dict[str
     split = cfg.resources.placement == "split"  # generation in its own group, not the actor's processes
     specs = {"actor": RoleSpec(worker_class(cfg.actor.worker_cls, ActorWorker), kwargs=dict(
         model_path=actor_path, actor=cfg.actor, algorithm=algorithm, rollout=None if split else cfg.rollout,
-        max_model_len=max_len, total_steps=optimizer_steps(cfg, cfg.actor), seed=cfg.trainer.seed))}
+        max_model_len=max_len, total_steps=optimizer_steps(cfg, cfg.actor, actor=True), seed=cfg.trainer.seed))}
     if split:
         specs["rollout"] = RoleSpec(GeneratorWorker, kwargs=dict(model_path=actor_path, rollout=cfg.rollout,
                                                                  max_model_len=max_len, seed=cfg.trainer.seed,

@@ -30,6 +30,9 @@ BASE_TIMERS = {"timing_s/gen", "timing_s/reward", "timing_s/adv", "timing_s/upda
 
 CASES = {
     "ppo": ("ppo_tiny", ["data.train_batch_size=16"], BASE_TIMERS | {"timing_s/values", "timing_s/update_critic"}),
+    # critic warm-up: step 1 updates only the critic, step 2 both
+    "ppo_critic_warmup": ("ppo_tiny", ["data.train_batch_size=16", "trainer.critic_warmup=1"],
+                          BASE_TIMERS - {"timing_s/update_actor"} | {"timing_s/values", "timing_s/update_critic"}),
     "grpo": ("grpo_tiny", ["data.train_batch_size=4", "trainer.check_weight_sync_every=1"],
              BASE_TIMERS | {"timing_s/ref", "timing_s/weight_check"}),
     "rloo": ("grpo_tiny", ["data.train_batch_size=4", "algorithm.name=rloo", "algorithm.adv_estimator=rloo",
@@ -75,6 +78,8 @@ def test_dataflow_trains(algo, tmp_path, ray_cluster):
     for r in steps:
         missing = timers - set(r)
         assert not missing, f"{algo}: step {r['step']} lacks {sorted(missing)}"
+        if "trainer.critic_warmup=1" in overrides:
+            assert ("actor/pg_loss" in r) == (r["step"] == 2), r
         if "trainer.check_weight_sync_every=1" in overrides:  # the rollout holds the trainer's weights
             assert r["sync/checked_slices"] > 0 and r["sync/mismatched_slices"] == 0, r
     start = load_file(str(Path(model_path(cfg)) / "model.safetensors"))
