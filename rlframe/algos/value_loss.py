@@ -43,7 +43,9 @@ def compute_value_loss(
     else:
         if cliprange_value < 0:
             raise ValueError(f"cliprange_value must be >= 0 or None (no clipping), got {cliprange_value}")
-        vclipped = values + torch.clamp(vpreds - values, -cliprange_value, cliprange_value)
+        # clamp the prediction itself: inside the range it is then vpreds bit for bit (values + clamp(
+        # vpreds - values) differs from vpreds by a rounding step and counted unclipped tokens as clipped)
+        vclipped = torch.clamp(vpreds, values - cliprange_value, values + cliprange_value)
         clipped = (vclipped - returns) ** 2
         loss_mat, clip_active = torch.maximum(unclipped, clipped), clipped > unclipped
     loss = 0.5 * agg_loss(

@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import re
 import threading
+from decimal import Decimal, InvalidOperation
 
 from rlframe.rewards.safe_eval import UnsafeExpression, evaluate_expression, number_literals
 
@@ -23,21 +24,45 @@ _NUMBER = r"-?[\d,]*\.?\d+"
 MATH_TIMEOUT_S = 5
 
 
-def _normalize_number(text: str) -> str:
-    """'1,234.50' -> '1234.5'; keeps non-numbers as stripped text."""
-    text = text.replace(",", "").replace("$", "").strip()
+REL_TOL = Decimal("1e-9")  # non-integers: |got - want| <= REL_TOL * max(1, |want|)
+
+
+def _as_decimal(text: str) -> Decimal | None:
+    """The number a text spells ('1,234.50', '$3', '-2e3'), exactly, or None."""
     try:
-        value = float(text)
-    except ValueError:
-        return text
-    return str(int(value)) if value.is_integer() else repr(value)
+        value = Decimal(text.replace(",", "").replace("$", "").strip())
+    except InvalidOperation:
+        return None
+    return value if value.is_finite() else None
+
+
+def _normalize_number(text: str) -> str:
+    """'1,234.50' -> '1234.5'; keeps non-numbers as stripped text. Exact: no binary float on the way."""
+    value = _as_decimal(text)
+    if value is None:
+        return text.replace(",", "").replace("$", "").strip()
+    if value == value.to_integral_value():
+        return str(int(value))
+    return format(value.normalize(), "f")
+
+
+def numbers_equal(got: str, want: str) -> bool:
+    """Integers compare exactly (9007199254740993 != 9007199254740992, which float64 cannot tell
+    apart); other numbers within a relative REL_TOL (1e-9) of the ground truth."""
+    a, b = _as_decimal(got), _as_decimal(want)
+    if a is None or b is None:
+        return False
+    if a == a.to_integral_value() and b == b.to_integral_value():
+        return a == b
+    return abs(a - b) <= REL_TOL * max(Decimal(1), abs(b))
 
 
 def exact_match(solution_str: str, ground_truth: str, *, numeric: bool = True) -> float:
-    """1.0 if the stripped response equals the ground truth (numerically when both are numbers)."""
+    """1.0 if the stripped response equals the ground truth; when both are numbers, `numbers_equal`
+    (integers exactly, others within a relative 1e-9)."""
     got, want = solution_str.strip(), str(ground_truth).strip()
-    if numeric:
-        got, want = _normalize_number(got), _normalize_number(want)
+    if numeric and _as_decimal(got) is not None and _as_decimal(want) is not None:
+        return float(numbers_equal(got, want))
     return float(got == want)
 
 

@@ -39,3 +39,23 @@ def test_negative_cliprange_is_an_error():
     x = torch.zeros(1, 2)
     with pytest.raises(ValueError, match="cliprange_value must be >= 0"):
         compute_value_loss(vpreds=x, values=x, returns=x, response_mask=torch.ones(1, 2), cliprange_value=-1)
+
+
+def test_clipfrac_counts_no_token_inside_the_range():
+    import torch
+
+    from rlframe.algos.value_loss import compute_value_loss
+
+    g = torch.Generator().manual_seed(0)
+    # predictions of different magnitudes, all within c = 0.5 of the old values: values + (vpreds -
+    # values) rounds away from vpreds for a third of them, which once counted as clipped
+    values = (torch.rand(100, 1000, generator=g) * 2 - 1) * 0.2
+    vpreds = (torch.rand(100, 1000, generator=g) * 2 - 1) * 0.2
+    returns = torch.randn(100, 1000, generator=g)
+    _, m = compute_value_loss(vpreds=vpreds, values=values, returns=returns, response_mask=torch.ones(100, 1000),
+                              cliprange_value=0.5)
+    assert float(m["vf_clipfrac"]) == 0.0
+    outside = values + 0.5  # every prediction beyond the range: clipped where that raises the loss
+    _, m = compute_value_loss(vpreds=outside, values=values, returns=returns, response_mask=torch.ones(100, 1000),
+                              cliprange_value=0.2)
+    assert 0.0 < float(m["vf_clipfrac"]) < 1.0

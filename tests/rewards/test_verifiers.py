@@ -64,3 +64,14 @@ def test_countdown_score():
     assert countdown_score("3*5+7", {"target": 22, "numbers": [3, 5, 7]}) == 1.0
     with pytest.raises(ValueError, match="target"):
         countdown_score("1", json.dumps({"numbers": [1]}))
+
+
+def test_exact_match_compares_integers_exactly_and_decimals_within_a_tolerance():
+    from rlframe.rewards.verifiers import exact_match, extract_gsm8k_answer
+
+    assert exact_match("9007199254740993", "9007199254740992") == 0.0  # equal as float64
+    assert exact_match("9007199254740993", "9,007,199,254,740,993") == 1.0
+    assert exact_match("1,234.50", "1234.5") == 1.0 and exact_match("$12", "12.0") == 1.0
+    assert exact_match("0.1000000000001", "0.1") == 1.0 and exact_match("0.1001", "0.1") == 0.0
+    assert exact_match("abc", "abc") == 1.0 and exact_match("12", "12a") == 0.0
+    assert extract_gsm8k_answer("so #### 1,234.50") == "1234.5"
