@@ -10,15 +10,26 @@ object with a string "name" and an object "arguments", else a `MalformedCall` wi
 the reason (unclosed tag, invalid JSON, not an object, missing name, arguments not an object), which
 the runner turns into an observation so the policy learns what went wrong. A missing "arguments" is
 read as {} (a call of a tool without parameters); "arguments" given as a string holding a JSON
-object (the OpenAI API's encoding) is decoded.
+object (the OpenAI API's encoding) is decoded. With `max_calls` (agent.max_calls_per_turn), the
+calls after the first `max_calls` of a turn become `ExcessCall`s: not run, answered with an error.
+
+Results go back into the chat as text, and the text comes from a tool (or echoes the policy: an
+unknown tool's name). `neutralize_control_tokens` breaks every spelled-out control token in it (the
+tokenizer's special and added tokens: `<|im_end|>`, `<tool_call>`, ...) with a zero-width space
+after its first character, so that the observation's tokens never hold a control token the text
+merely spelled out (the policy would read a turn ending or a tool call that nobody made);
+`check_neutralized` proves that on a given tokenizer.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 TOOL_CALL_START, TOOL_CALL_END = "<tool_call>", "</tool_call>"
+ZERO_WIDTH_SPACE = "\u200b"
 
 
 @dataclass(frozen=True)
@@ -31,6 +42,13 @@ class ToolCall:
 class MalformedCall:
     raw: str  # the text after the opening tag (up to the closing tag when there is one)
     reason: str
+
+
+@dataclass(frozen=True)
+class ExcessCall:
+    """A call past the turn's cap (agent.max_calls_per_turn): not run; the runner answers it with an error."""
+    call: ToolCall | MalformedCall
+    limit: int  # the cap: how many calls of the turn ran
 
 
 def parse_tool_call(body: str) -> ToolCall | MalformedCall:
@@ -60,9 +78,10 @@ def parse_tool_call(body: str) -> ToolCall | MalformedCall:
     return ToolCall(name=name.strip(), arguments=args)
 
 
-def parse_tool_calls(text: str) -> list[ToolCall | MalformedCall]:
-    """The tool calls of a generated turn, in order; [] when it has none."""
-    out: list[ToolCall | MalformedCall] = []
+def parse_tool_calls(text: str, *, max_calls: int | None = None) -> list[ToolCall | MalformedCall | ExcessCall]:
+    """The tool calls of a generated turn, in order; [] when it has none. Past `max_calls` (None: no
+    cap), each call is an `ExcessCall`."""
+    out: list = []
     pos = text.find(TOOL_CALL_START)
     while pos >= 0:
         body_start = pos + len(TOOL_CALL_START)
@@ -75,7 +94,55 @@ def parse_tool_calls(text: str) -> list[ToolCall | MalformedCall]:
             continue
         out.append(parse_tool_call(text[body_start:end]))
         pos = text.find(TOOL_CALL_START, end + len(TOOL_CALL_END))
+    if max_calls is not None and len(out) > max_calls:
+        out[max_calls:] = [ExcessCall(call=c, limit=max_calls) for c in out[max_calls:]]
     return out
+
+
+def control_token_texts(tokenizer) -> tuple[str, ...]:
+    """The texts a (transformers) tokenizer reads as one special or added token, longest first;
+    those of a single character or only whitespace are left out (they cannot be broken up)."""
+    texts = {getattr(tok, "content", str(tok)) for tok in getattr(tokenizer, "added_tokens_decoder", {}).values()}
+    texts.update(getattr(tokenizer, "all_special_tokens", None) or ())
+    keep = (t for t in texts if isinstance(t, str) and len(t) > 1 and t.strip() and ZERO_WIDTH_SPACE not in t)
+    return tuple(sorted(keep, key=lambda t: (-len(t), t)))
+
+
+@lru_cache(maxsize=16)
+def _control_pattern(texts: tuple[str, ...]) -> re.Pattern:
+    return re.compile("|".join(map(re.escape, texts)))
+
+
+def _break(match: re.Match) -> str:
+    token = match.group(0)
+    return token[0] + ZERO_WIDTH_SPACE + token[1:]
+
+
+def neutralize_control_tokens(text: str, texts: tuple[str, ...]) -> str:
+    """`text` with each occurrence of a control token text (`control_token_texts`) broken by a
+    zero-width space after its first character, repeated until none is left (breaking one can leave
+    an overlapping one whole)."""
+    if not texts:
+        return text
+    pattern = _control_pattern(texts)
+    while pattern.search(text):
+        text = pattern.sub(_break, text)
+    return text
+
+
+def check_neutralized(tokenizer) -> None:
+    """ValueError when a neutralized control token text still encodes to that token on `tokenizer` (a
+    normalizer that drops zero-width spaces before matching added tokens would do that). A token that
+    the zero-width space itself encodes to (a character tokenizer's <unk>) does not count."""
+    texts = control_token_texts(tokenizer)
+    escape = set(tokenizer.encode(ZERO_WIDTH_SPACE, add_special_tokens=False))
+    leaked = [t for t in texts if (i := tokenizer.convert_tokens_to_ids(t)) not in escape
+              and i in tokenizer.encode(neutralize_control_tokens(t, texts), add_special_tokens=False)]
+    if leaked:
+        raise ValueError(f"tool results cannot be kept from spelling control tokens on this tokenizer: {leaked} with "
+                         "a zero-width space inside still encode to those tokens (its added tokens are matched "
+                         "after a normalizer that drops such spaces); mark the added tokens normalized=False in "
+                         "tokenizer.json")
 
 
 def _json_type(value) -> str:

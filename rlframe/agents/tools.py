@@ -1,11 +1,13 @@
 """Tools the policy can call in multi-turn rollouts: their definitions, the registry a run loads from
 its config, and their argument checks.
 
-A tool is a `Tool(name, description, parameters, fn, timeout_s=2.0, memory_mb=256)`: `parameters` is
-a JSON schema object (`{"type": "object", "properties": {...}, "required": [...]}`) and the runner
-calls `fn(**arguments)`; whatever `fn` returns becomes the observation text (a str as is, anything
-else as JSON, or `str()` when it is not JSON). `timeout_s` is the wall-clock limit of one call and
-`memory_mb` the address space one call may add to the tool worker (rlframe/agents/sandbox.py).
+A tool is a `Tool(name, description, parameters, fn, timeout_s=2.0, memory_mb=256, cpu_s=None)`:
+`parameters` is a JSON schema object (`{"type": "object", "properties": {...}, "required": [...]}`)
+and the runner calls `fn(**arguments)`; whatever `fn` returns becomes the observation text (a str as
+is, anything else as JSON, or `str()` when it is not JSON). The limits of one call
+(rlframe/agents/sandbox.py): `timeout_s` of wall-clock time, `memory_mb` of address space on top of
+what the tool worker maps, and `cpu_s` seconds of CPU time per process of the call, all its threads
+counted (None: timeout_s, one core's worth; raise it for a tool that computes on several threads).
 
 `load_tools(path, builtin=("calculator",))` returns the built-in tools named plus those a user's
 Python file defines (agent.tools_path, loaded like reward functions in rlframe/rewards/registry.py),
@@ -39,6 +41,7 @@ import hashlib
 import importlib.util
 import inspect
 import json
+import math
 import re
 import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -62,13 +65,14 @@ class Tool:
     fn: Callable[..., Any]
     timeout_s: float = 2.0
     memory_mb: int = 256
+    cpu_s: float | None = None  # CPU seconds per process of one call (RLIMIT_CPU); None: timeout_s
     # Where load_tools found the tool: BUILTIN_SOURCE, or the path of the user's file. The runner's
     # worker process loads it again from there; None: the tool is sent to the worker pickled.
     source: str | None = field(default=None, compare=False, repr=False)
 
 
 def tool(*, name: str | None = None, description: str | None = None, parameters: dict,
-         timeout_s: float = 2.0, memory_mb: int = 256) -> Callable[[Callable], Callable]:
+         timeout_s: float = 2.0, memory_mb: int = 256, cpu_s: float | None = None) -> Callable[[Callable], Callable]:
     """Decorator marking a function of a tools file as a tool; the function itself is returned
     unchanged (still callable directly). `name` defaults to the function's name and `description`
     to its docstring."""
@@ -77,7 +81,7 @@ def tool(*, name: str | None = None, description: str | None = None, parameters:
         doc = inspect.getdoc(fn) or ""
         spec = Tool(name=name if name is not None else getattr(fn, "__name__", ""),
                     description=description if description is not None else doc,
-                    parameters=parameters, fn=fn, timeout_s=timeout_s, memory_mb=memory_mb)
+                    parameters=parameters, fn=fn, timeout_s=timeout_s, memory_mb=memory_mb, cpu_s=cpu_s)
         try:
             setattr(fn, _TOOL_ATTR, spec)
         except (AttributeError, TypeError) as exc:
@@ -195,10 +199,13 @@ def check_tool(t: Tool, *, where: str) -> None:
     check_schema(t.parameters, where=where)
     if not callable(t.fn):
         raise ValueError(f"{where}: fn is a {type(t.fn).__name__}, not callable; set fn to the function the tool runs")
-    if isinstance(t.timeout_s, bool) or not isinstance(t.timeout_s, (int, float)) or not t.timeout_s > 0:
+    if not _positive_number(t.timeout_s):
         raise ValueError(f"{where}: timeout_s must be a positive number of seconds, not {t.timeout_s!r}")
     if isinstance(t.memory_mb, bool) or not isinstance(t.memory_mb, int) or t.memory_mb <= 0:
         raise ValueError(f"{where}: memory_mb must be a positive int (MiB), not {t.memory_mb!r}")
+    if t.cpu_s is not None and not _positive_number(t.cpu_s):
+        raise ValueError(f"{where}: cpu_s must be a positive number of CPU seconds, or None for timeout_s; "
+                         f"not {t.cpu_s!r}")
     try:
         sig = inspect.signature(t.fn)
     except (TypeError, ValueError):
@@ -219,6 +226,15 @@ def check_tool(t: Tool, *, where: str) -> None:
     if missing:
         raise ValueError(f"{where}: fn requires the parameters {missing}, which the schema does not list under "
                          "\"required\"; add them there or give them defaults")
+
+
+def cpu_seconds(t: Tool) -> float:
+    """The CPU time one process of a call of `t` may use: its cpu_s, else its timeout_s."""
+    return float(t.timeout_s if t.cpu_s is None else t.cpu_s)
+
+
+def _positive_number(x: Any) -> bool:
+    return not isinstance(x, bool) and isinstance(x, (int, float)) and math.isfinite(x) and x > 0
 
 
 def check_schema(schema: Any, *, where: str) -> None:
