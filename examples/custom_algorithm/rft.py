@@ -96,5 +96,6 @@ class RFTTrainer(PPOTrainer):
                 after = self.roles.actor.response_nll(batch).batch["nll"]
                 m["rft/accepted_nll_after"] = float(after[accepted].mean())
         t["timing_s/update_weights"] = gen_m.pop("timing_s/update_weights", 0.0)
-        return {**m, **gen_m, **reward_m, **t, **batch_metrics(batch, response_length=self.cfg.data.response_length),
+        return {**m, **gen_m, **reward_m, **t, **batch_metrics(batch, response_length=self.cfg.data.response_length,
+                                                               end_ids=self.end_ids),
                 **throughput(batch, step_time=t["timing_s/step"], world_size=self.roles.actor.world_size)}

@@ -54,7 +54,8 @@ def _score_one(fn, data_source, solution_str, ground_truth, extra_info) -> Outco
         if isinstance(out, dict):
             if "score" not in out:
                 raise ValueError(f"reward function returned a dict without a 'score' key: {sorted(out)}")
-            extras = {k: float(v) for k, v in out.items() if k != "score" and _is_number(v)}
+            # booleans count as 0/1; other non-numbers are not metrics
+            extras = {k: float(v) for k, v in out.items() if k != "score" and (_is_number(v) or isinstance(v, bool))}
             out = out["score"]
         if isinstance(out, bool) or not _is_number(out):
             raise TypeError(f"reward function returned {type(out).__name__} {out!r}; expected a float or a dict")
@@ -88,6 +89,7 @@ class RewardResult:
     scores: np.ndarray  # (B,) float32
     extras: dict[str, np.ndarray] = field(default_factory=dict)  # name -> (B,) float32, NaN where absent
     metrics: dict[str, float] = field(default_factory=dict)
+    failed: np.ndarray | None = None  # (B,) bool: the function raised or returned no usable score
 
 
 class RewardManager:
@@ -194,11 +196,8 @@ class RewardManager:
                 break
             self.errors_logged += 1
             logger.warning("reward function failed on sample %d (scored 0):\n%s", i, tb)
-        metrics = {"reward/errors": float(len(errors)), "reward/mean": float(scores.mean()) if n else 0.0}
-        for k, v in extras.items():
-            if np.isfinite(v).any():
-                metrics[f"reward/{k}/mean"] = float(np.nanmean(v))
-        return RewardResult(scores=scores, extras=extras, metrics=metrics)
+        failed = np.array([o[2] is not None for o in outcomes], dtype=bool)
+        return RewardResult(scores=scores, extras=extras, metrics=reward_metrics(scores, extras, failed), failed=failed)
 
     def close(self) -> None:
         pool, self._pool = self._pool, None
@@ -216,6 +215,18 @@ class RewardManager:
             self.close()
         except Exception:  # noqa: BLE001 - interpreter teardown
             pass
+
+
+def reward_metrics(scores: np.ndarray, extras: dict[str, np.ndarray], failed: np.ndarray) -> dict[str, float]:
+    """`reward/mean`, `reward/errors`, and per extra `reward/<k>/mean` (averaged over ALL samples, a
+    sample that did not return the key counting 0) with `reward/<k>/count` (how many returned it)."""
+    n = len(scores)
+    out = {"reward/errors": float(np.sum(failed)), "reward/mean": float(np.mean(scores)) if n else 0.0}
+    for k, v in extras.items():
+        present = np.isfinite(v)
+        out[f"reward/{k}/mean"] = float(np.where(present, v, 0.0).sum() / n) if n else 0.0
+        out[f"reward/{k}/count"] = float(present.sum())
+    return out
 
 
 def token_level_scores(scores, response_mask):

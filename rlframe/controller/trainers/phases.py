@@ -89,25 +89,62 @@ def decode_responses(tokenizer, batch: DataProto) -> list[str]:
                                   skip_special_tokens=True)
 
 
+REWARD_EXTRA = "reward_extra:"  # batch keys of the reward function's extra values, per sample (NaN: absent)
+
+
 def score(batch: DataProto, *, cfg: RunConfig, tokenizer, reward_manager, reward_model=None) -> tuple[DataProto, dict]:
-    """`token_level_scores` (B, R): the rule reward (or reward-model score) on the last token."""
+    """`token_level_scores` (B, R): the rule reward (or reward-model score) on the last token, plus
+    what each sample's metrics are made of, per sample (B,): `verifier_score` (the reward function's
+    score), `acc` (its verdict: score >= 1, before any shaping), `reward_failed`, the function's
+    extras, `overlong_penalty`. `reward_metrics` derives the step's metrics from them, so that they
+    describe exactly the rows a batch holds (after DAPO's refills too)."""
     nt = batch.non_tensor_batch
     result = reward_manager.compute(decode_responses(tokenizer, batch), data_sources=list(nt["data_source"]),
                                     ground_truths=list(nt["ground_truth"]), extra_infos=list(nt["extra_info"]))
+    b = batch.batch
     scores = torch.as_tensor(result.scores, dtype=torch.float32)
-    metrics = dict(result.metrics)
-    metrics["critic/accuracy"] = float((scores >= 1.0).float().mean())
+    b["verifier_score"], b["acc"] = scores, (scores >= 1.0).float()
+    b["reward_failed"] = torch.as_tensor(result.failed, dtype=torch.float32)
+    for k, v in result.extras.items():
+        b[REWARD_EXTRA + k] = torch.as_tensor(v, dtype=torch.float32)
     if reward_model is not None:
-        scores = reward_model.compute_rm_score(batch).batch["rm_scores"].float()
-    lengths = occupied_lengths(batch)
+        scores = b["rm_score"] = reward_model.compute_rm_score(batch).batch["rm_scores"].float()
     if cfg.algorithm.overlong_buffer_len > 0:
-        penalty = overlong_reward_penalty(response_lengths=lengths, max_response_length=cfg.data.response_length,
-                                          overlong_buffer_len=cfg.algorithm.overlong_buffer_len,
-                                          penalty_factor=cfg.algorithm.overlong_penalty_factor)
-        scores = scores + penalty
-        metrics["reward/overlong_penalty_mean"] = float(penalty.mean())
-    batch.batch["token_level_scores"] = token_level_scores(scores, batch.batch["response_mask"])
-    return batch, metrics
+        b["overlong_penalty"] = overlong_reward_penalty(
+            response_lengths=occupied_lengths(batch), max_response_length=cfg.data.response_length,
+            overlong_buffer_len=cfg.algorithm.overlong_buffer_len, penalty_factor=cfg.algorithm.overlong_penalty_factor)
+        scores = scores + b["overlong_penalty"]
+    b["token_level_scores"] = token_level_scores(scores, b["response_mask"])
+    return batch, reward_metrics(batch)
+
+
+def align_reward_extras(batches: list[DataProto]) -> list[DataProto]:
+    """Batches scored separately (DAPO's rounds) with the same extra keys (NaN where a round's
+    reward function returned none), so that they concatenate."""
+    keys = {k for b in batches for k in b.batch.keys() if k.startswith(REWARD_EXTRA)}
+    for b in batches:
+        for k in keys - set(b.batch.keys()):
+            b.batch[k] = torch.full((len(b),), float("nan"))
+    return batches
+
+
+def reward_metrics(batch: DataProto) -> dict[str, float]:
+    """The reward metrics of exactly these rows: `reward/mean` (the reward function's score),
+    `reward/errors`, `critic/accuracy` (its verdict), each extra's `reward/<k>/mean` over all rows
+    (absent counts 0) and `reward/<k>/count`, `reward/rm/mean` (reward model), and
+    `reward/overlong_penalty_mean`."""
+    from rlframe.rewards.manager import reward_metrics as function_metrics
+
+    b = batch.batch
+    keys = [k for k in b.keys() if k.startswith(REWARD_EXTRA)]
+    out = function_metrics(b["verifier_score"].numpy(), {k[len(REWARD_EXTRA):]: b[k].numpy() for k in keys},
+                           b["reward_failed"].numpy() > 0)
+    out["critic/accuracy"] = float(b["acc"].mean()) if len(batch) else 0.0
+    if "rm_score" in b.keys():
+        out["reward/rm/mean"] = float(b["rm_score"].mean())
+    if "overlong_penalty" in b.keys():
+        out["reward/overlong_penalty_mean"] = float(b["overlong_penalty"].mean())
+    return out
 
 
 def occupied_lengths(batch: DataProto) -> torch.Tensor:

@@ -44,6 +44,7 @@ from rlframe.protocol import DataProto
 from rlframe.rewards.manager import RewardManager
 from rlframe.rewards.registry import RewardFnSpec
 from rlframe.utils.timing import timed
+from rlframe.workers.rollout.stops import end_of_sequence_ids
 
 
 class PPOTrainer:
@@ -54,6 +55,7 @@ class PPOTrainer:
         say(f"model: {cfg.model.path or f'tiny preset {cfg.model.tiny_preset!r} (built and pre-trained on first use)'}")
         self.actor_path = model_path(cfg)
         self.tokenizer = AutoTokenizer.from_pretrained(self.actor_path)
+        self.end_ids = end_of_sequence_ids(self.tokenizer, self.actor_path)  # every id a response may end with
         self.loader, self.val_set = build_data(cfg, self.tokenizer)
         startup.mark("tokenizer, data")
         say(f"data: {len(self.loader.dataset)} train prompts, {len(self.val_set) if self.val_set else 0} held out")
@@ -126,6 +128,7 @@ class PPOTrainer:
                 with timed(t, "dynamic_sampling"):
                     batch, ds_m = self.fill_with_informative_groups(batch)
                 m.update(ds_m)
+                reward_m = phases.reward_metrics(batch)  # the trained rows, not the first round's
             # reference log-probs, old log-probs and values need only the batch: issued together, so
             # groups in their own processes (split placement) compute them at once
             on_policy = phases.update_is_on_policy(self.cfg, rows=len(batch))
@@ -163,7 +166,7 @@ class PPOTrainer:
                 m.update({"async/train_start_unix": train_start, "async/train_end_unix": time.time()})
         t["timing_s/update_weights"] = gen_m.pop("timing_s/update_weights", 0.0)
         m.update({**gen_m, **reward_m, **adv_m, **t, **phases.logprob_consistency(batch),
-                  **batch_metrics(batch, response_length=self.cfg.data.response_length),
+                  **batch_metrics(batch, response_length=self.cfg.data.response_length, end_ids=self.end_ids),
                   **throughput(batch, step_time=t["timing_s/step"], world_size=self.roles.actor.world_size),
                   **overhead(calls, step_time=t["timing_s/step"])})
         if alg.kl_in_reward:  # the coefficient this step's rewards used (the controller has moved on since)
@@ -245,9 +248,11 @@ class PPOTrainer:
             rounds += 1
             batch, _ = self.rollout(self.next_prompts(), salt=rounds)
             batch, _ = self.score(batch)
-        pool = DataProto.concat([*kept, *dropped])
+        pool = DataProto.concat(phases.align_reward_extras([*kept, *dropped]))
         n_kept = sum(len(k) for k in kept)
-        return pool.index(slice(0, want)), {"dapo/gen_batches": rounds, "dapo/kept_ratio": min(1.0, n_kept / want)}
+        every_round = {f"dapo/all_rounds/{k}": v for k, v in phases.reward_metrics(pool).items()}
+        return pool.index(slice(0, want)), {"dapo/gen_batches": rounds, "dapo/kept_ratio": min(1.0, n_kept / want),
+                                            **every_round}
 
     def validate(self) -> dict:
         if self.val_set is None:
