@@ -216,6 +216,9 @@ class AgentConfig:
     builtin_tools: list[str] = field(default_factory=lambda: ["calculator"])
     max_turns: int = 3  # assistant turns per trajectory
     max_result_chars: int = 256  # a tool result is cut to this many characters
+    max_calls_per_turn: int = 8  # calls past this in one turn are not run: answered with an error
+    # A trajectory whose tool calls have taken this many seconds (wall clock, all turns) ends there.
+    max_tool_seconds_per_trajectory: float = 20.0
 
 
 @dataclass

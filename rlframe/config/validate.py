@@ -325,6 +325,23 @@ def _check_paths(cfg: RunConfig, out: list[str]) -> None:
             out.append(problem)
 
 
+def _agent_limit_problems(cfg: RunConfig) -> list[str]:
+    """The ranges of the tool sandbox's caps (reported with ranges.py's, in its words): a cap must
+    bound something, so neither may be null, zero or negative."""
+    from rlframe.config.ranges import above, at_least
+
+    rules = {"agent.max_calls_per_turn": (at_least(1, " (tool calls run per turn; the rest are answered with an "
+                                                     "error)"), 8),
+             "agent.max_tool_seconds_per_trajectory": (above(0, " (seconds of tool time per trajectory)"), 20.0)}
+    out = []
+    for key, (rule, default) in rules.items():
+        value = getattr(cfg.agent, key.split(".")[1])
+        if isinstance(value, bool) or not rule.ok(value):
+            out.append(f"{key}={value!r} is out of range: it must be {rule.need}{rule.why}; set a value {rule.need}, "
+                       f"e.g. {key}={default} (the default)")
+    return out
+
+
 def validate(cfg: RunConfig) -> RunConfig:
     """Raise ConfigError listing every problem; return cfg when it is sound.
 
@@ -332,7 +349,7 @@ def validate(cfg: RunConfig) -> RunConfig:
     out-of-range value would blame a key the user did not touch. Then the cross-field rules, then
     what the machine can provide (a private Ray only: a joined cluster is checked once joined).
     """
-    problems = check_ranges(cfg)
+    problems = check_ranges(cfg) + _agent_limit_problems(cfg)
     if problems:
         raise ConfigError(problems)
     import_user_modules(cfg)

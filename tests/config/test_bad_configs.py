@@ -66,6 +66,9 @@ CASES = [
     ("trainer.check_weight_sync_every=-1", "trainer.check_weight_sync_every=-1",
      "trainer.check_weight_sync_every=0"),
     ("ray.num_cpus=0", "ray.num_cpus=0", "ray.num_cpus=null"),
+    ("agent.max_calls_per_turn=0", "agent.max_calls_per_turn=0", "agent.max_calls_per_turn=8"),
+    ("agent.max_tool_seconds_per_trajectory=0", "agent.max_tool_seconds_per_trajectory=0",
+     "agent.max_tool_seconds_per_trajectory=20.0"),
     ("trainer.critic_warmup=-1", "trainer.critic_warmup=-1", "trainer.critic_warmup=0"),
     ("actor.min_lr_ratio=1.5", "actor.min_lr_ratio=1.5", "actor.min_lr_ratio=0.0"),
     # ---- choices

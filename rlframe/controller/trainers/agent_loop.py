@@ -60,11 +60,17 @@ class Trajectory:
 def tool_turn_text(tokenizer, results: list[str]) -> str:
     """The template text between the end of an assistant turn (its EOS) and the start of the next
     assistant turn, carrying `results` as tool messages: rendered by the tokenizer's own chat
-    template, so a model sees the format it was trained on."""
+    template, so a model sees the format it was trained on. A control token that a result spells out
+    (`<|im_end|>` in a tool's output, or in an unknown tool's name echoed back) stays text: it is
+    broken up first (rlframe.agents.calls.neutralize_control_tokens), so that encoding the turn never
+    yields a control token the template did not write."""
+    from rlframe.agents.calls import control_token_texts, neutralize_control_tokens
+
+    controls = control_token_texts(tokenizer)
+    tool_messages = [{"role": "tool", "content": neutralize_control_tokens(r, controls)} for r in results]
     base = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]
     before = tokenizer.apply_chat_template(base, tokenize=False)
-    after = tokenizer.apply_chat_template(base + [{"role": "tool", "content": r} for r in results], tokenize=False,
-                                          add_generation_prompt=True)
+    after = tokenizer.apply_chat_template(base + tool_messages, tokenize=False, add_generation_prompt=True)
     if not after.startswith(before):
         raise ValueError("the tokenizer's chat template renders a conversation differently once a tool turn is added "
                          "(the earlier turns must be a prefix); multi-turn rollouts need an append-only template")
@@ -149,8 +155,17 @@ class AgentLoop:
         return calls
 
     def _append_tool_turn(self, t: Trajectory, results: list[str]) -> None:
-        obs = self.tokenizer.encode(tool_turn_text(self.tokenizer, results), add_special_tokens=False)
+        """Append the tool turn of `results` (the runner's texts, which carry their calls' `seconds`).
+        The trajectory ends here instead when its tools' time reaches `max_tool_seconds` (set by
+        build_agent_loop from agent.max_tool_seconds_per_trajectory; None: no budget), as at
+        max_turns: the turn whose calls spent it is its last, and no later call of it runs."""
         t.calls += len(results)
+        t.tool_seconds = getattr(t, "tool_seconds", 0.0) + sum(getattr(r, "seconds", 0.0) for r in results)
+        budget = getattr(self, "max_tool_seconds", None)
+        if budget is not None and t.tool_seconds >= budget:
+            t.done = True
+            return
+        obs = self.tokenizer.encode(tool_turn_text(self.tokenizer, results), add_special_tokens=False)
         if len(t.tokens) + len(obs) >= self.response_length:  # no room left to answer after the results
             t.done = t.truncated = True
             return
@@ -201,11 +216,25 @@ def _last_zero(mask: list[int]) -> int:
 
 
 def build_agent_loop(cfg, tokenizer) -> AgentLoop:
-    """The run's agent loop: its tools loaded and checked (agent.tools_path, agent.builtin_tools) and
-    their sandboxed runner started."""
+    """The run's agent loop: its tools loaded and checked (agent.tools_path, agent.builtin_tools), their
+    sandboxed runner started, and its caps set: agent.max_calls_per_turn (the calls past it in a turn
+    are answered with an error, status too_many_calls) and agent.max_tool_seconds_per_trajectory."""
+    from functools import partial
+
+    from rlframe.agents.calls import check_neutralized, parse_tool_calls
     from rlframe.agents.sandbox import ToolRunner
     from rlframe.agents.tools import load_tools
 
-    tools = load_tools(cfg.agent.tools_path, builtin=tuple(cfg.agent.builtin_tools))
-    runner = ToolRunner(tools, max_result_chars=cfg.agent.max_result_chars)
-    return AgentLoop(tokenizer, runner, max_turns=cfg.agent.max_turns, response_length=cfg.data.response_length)
+    agent = cfg.agent
+    tools = load_tools(agent.tools_path, builtin=tuple(agent.builtin_tools))
+    slow = {t.name: t.timeout_s for t in tools.values() if t.timeout_s > agent.max_tool_seconds_per_trajectory}
+    if slow:
+        raise ValueError(f"tools {slow} may run longer (timeout_s) than a trajectory's whole tool time, "
+                         f"agent.max_tool_seconds_per_trajectory={agent.max_tool_seconds_per_trajectory}; lower "
+                         "their timeout_s or raise the budget")
+    check_neutralized(tokenizer)
+    runner = ToolRunner(tools, max_result_chars=agent.max_result_chars)
+    loop = AgentLoop(tokenizer, runner, max_turns=agent.max_turns, response_length=cfg.data.response_length)
+    loop.parse = partial(parse_tool_calls, max_calls=agent.max_calls_per_turn)
+    loop.max_tool_seconds = agent.max_tool_seconds_per_trajectory
+    return loop
