@@ -56,6 +56,14 @@ def preflight_config(cfg, *, steps: int, output_dir: str):
 
 def run_preflight(cfg, *, steps: int = 2, config_name: str = "", output_dir: str | None = None) -> PreflightReport:
     """Run `cfg` for `steps` steps on real worker groups and check the invariants (checks.py)."""
+    observer = PreflightObserver(cfg, precision=actor_precision(cfg))
+    run_observed(cfg, observer, steps=steps, output_dir=output_dir)
+    return PreflightReport(config=config_name, results=observer.results)
+
+
+def run_observed(cfg, observer, *, steps: int, output_dir: str | None = None) -> None:
+    """Run `cfg` as a check run (`preflight_config`) with `observer` attached to its trainer: its
+    `before_update(trainer, batch)`, `after_step(trainer, metrics)` and `finish(steps)` are called."""
     from rlframe.controller.ray_utils import start_ray_for_run
     from rlframe.controller.trainers import trainer_class
 
@@ -65,7 +73,6 @@ def run_preflight(cfg, *, steps: int = 2, config_name: str = "", output_dir: str
         run_dir.mkdir(parents=True, exist_ok=True)
         start_ray_for_run(cfg, runtime_env={"env_vars": {"PYTHONPATH": os.pathsep.join(
             p for p in (os.getcwd(), os.environ.get("PYTHONPATH", "")) if p)}})
-        observer = PreflightObserver(cfg, precision=actor_precision(cfg))
         trainer = trainer_class(cfg)(cfg, run_dir=run_dir)
         try:
             trainer.observer = observer
@@ -75,4 +82,3 @@ def run_preflight(cfg, *, steps: int = 2, config_name: str = "", output_dir: str
             observer.finish(trainer.step)
         finally:
             trainer.close()
-    return PreflightReport(config=config_name, results=observer.results)

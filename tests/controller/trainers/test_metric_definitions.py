@@ -1,0 +1,124 @@
+"""Every batch metric a step logs equals its definition in docs/metrics.md, recomputed here in plain
+PyTorch from the batch the update received (a test observer on the trainer; real Ray, workers and
+vLLM): a PPO run with a critic and the KL in the reward, a GRPO run with DAPO's length shaping and
+dynamic sampling, and an online DPO run. The rewards are recomputed by calling the reward function
+on the decoded responses, independently of the run's reward manager."""
+
+import math
+
+import pytest
+import torch
+
+from rlframe.config import load_config, validate
+from rlframe.controller.preflight.run import run_observed
+from rlframe.rewards.registry import default_compute_score
+from rlframe.workers.rollout.stops import end_of_sequence_ids
+
+COMMON = ["data.response_length=6", "data.val_size=16", "rollout.kv_cache_bytes=33554432", "actor.micro_batch_size=4",
+          "critic.micro_batch_size=4", "rollout.temperature=0.9"]
+RUNS = {
+    "ppo_critic": ("ppo_tiny", ["data.train_batch_size=16", "actor.mini_batch_size=8", "critic.mini_batch_size=8",
+                                "algorithm.kl_in_reward=true", "algorithm.kl_coef=0.05"]),
+    "grpo_dapo": ("grpo_tiny", ["data.train_batch_size=4", "actor.mini_batch_size=16", "algorithm.name=dapo",
+                                "algorithm.dynamic_sampling=true", "algorithm.max_gen_batches=3",
+                                "algorithm.overlong_buffer_len=3", "algorithm.use_kl_loss=false"]),
+    "online_dpo": ("grpo_tiny", ["data.train_batch_size=8", "actor.mini_batch_size=16", "algorithm.name=online_dpo",
+                                 "algorithm.n_samples=2", "algorithm.use_kl_loss=false"]),
+}
+
+
+class Recorder:
+    """Keeps each step's batch (as the update gets it) and metrics, and what they need to be checked."""
+
+    def __init__(self):
+        self.steps = []
+
+    def before_update(self, trainer, batch):
+        self.tokenizer, self.end_ids, self.cfg = trainer.tokenizer, end_of_sequence_ids(trainer.tokenizer,
+                                                                                        trainer.actor_path), trainer.cfg
+        self.batch = batch
+
+    def after_step(self, trainer, metrics):
+        self.steps.append((self.batch, dict(metrics)))
+
+    def finish(self, steps):
+        pass
+
+
+@pytest.fixture(scope="module", params=list(RUNS))
+def recorded(request, ray_cluster):
+    name, overrides = RUNS[request.param]
+    rec = Recorder()
+    run_observed(validate(load_config(name, COMMON + overrides)), rec, steps=2)
+    return request.param, rec
+
+
+def _stats(name, x):
+    return {f"{name}/mean": x.float().mean().item(), f"{name}/max": x.float().max().item(),
+            f"{name}/min": x.float().min().item()}
+
+
+def definitions(rec, batch) -> dict[str, float]:
+    """docs/metrics.md, written out over the batch's tensors."""
+    b, cfg = batch.batch, rec.cfg
+    mask = b["response_mask"].bool()
+    R = b["responses"].shape[1]
+    attention = b["attention_mask"]
+    occupied = attention[:, -R:].sum(-1)
+    texts = [rec.tokenizer.decode([t for t, m in zip(r.tolist(), mk.tolist()) if m], skip_special_tokens=True)
+             for r, mk in zip(b["responses"], mask)]
+    nt = batch.non_tensor_batch
+    scores = torch.tensor([float(default_compute_score(ds, text, gt, ei)) for ds, text, gt, ei in
+                           zip(nt["data_source"], texts, nt["ground_truth"], nt["extra_info"])])
+    out = {"reward/mean": scores.mean().item(), "critic/accuracy": (scores >= 1).float().mean().item(),
+           **_stats("critic/score", b["token_level_scores"].sum(-1)),
+           **_stats("response_length", mask.sum(-1)),
+           **_stats("prompt_length", attention[:, :-R].sum(-1)),
+           "response_length/empty_ratio": (~mask.any(-1)).float().mean().item(),
+           "perf/total_num_tokens": float(attention.sum())}
+    cut = [int(n) >= cfg.data.response_length and int(r[int(n) - 1]) not in rec.end_ids
+           for r, n in zip(b["responses"], occupied)]
+    out["response_length/clip_ratio"] = sum(cut) / len(cut)
+    shaped = scores.clone()
+    if cfg.algorithm.overlong_buffer_len:
+        top, buf = cfg.data.response_length, cfg.algorithm.overlong_buffer_len
+        penalty = torch.tensor([0.0 if n <= top - buf else -1.0 if n > top else ((top - buf) - n) / buf
+                                for n in occupied.tolist()]) * cfg.algorithm.overlong_penalty_factor
+        out["reward/overlong_penalty_mean"] = penalty.mean().item()
+        shaped = shaped + penalty
+    out["_score_is_shaped_reward"] = float(torch.allclose(b["token_level_scores"].sum(-1), shaped, atol=1e-6))
+    if "advantages" in b.keys():
+        out.update({**_stats("critic/rewards", b["token_level_rewards"].sum(-1)),
+                    **_stats("critic/advantages", b["advantages"][mask]), **_stats("critic/returns", b["returns"][mask])})
+    if "values" in b.keys():
+        out.update(_stats("critic/values", b["values"][mask]))
+    if "old_log_probs" in b.keys() and "rollout_log_probs" in b.keys():
+        gap = (b["rollout_log_probs"] - b["old_log_probs"]).abs()[mask]
+        out.update({"rollout/logprob_diff_mean": gap.mean().item(), "rollout/logprob_diff_max": gap.max().item()})
+    if "old_log_probs" in b.keys() and "ref_log_prob" in b.keys():
+        kl = b["old_log_probs"] - b["ref_log_prob"]
+        out["actor/reference_kl"] = kl[mask].mean().item()
+        if cfg.algorithm.kl_in_reward:  # k1, mean over non-empty rows of each row's token mean
+            rows = [kl[i][mask[i]].mean().item() for i in range(len(kl)) if mask[i].any()]
+            out["actor/reward_kl_penalty"] = sum(rows) / len(rows)
+    return out
+
+
+def test_logged_metrics_equal_their_definitions(recorded):
+    name, rec = recorded
+    checked = set()
+    for batch, logged in rec.steps:
+        want = definitions(rec, batch)
+        assert want.pop("_score_is_shaped_reward") == 1.0, "critic/score is not the reward plus its shaping"
+        if name == "online_dpo":  # its batch metrics are of the scored batch, before pairing: check the pairs
+            uids = list(batch.non_tensor_batch["uid"])
+            s = batch.batch["token_level_scores"].sum(-1)
+            assert all(uids[i] == uids[i + 1] and s[i] > s[i + 1] for i in range(0, len(uids), 2))
+            assert logged["dpo/pairs"] == len(set(uids))
+            checked.add("dpo/pairs")
+            continue
+        for key, value in want.items():
+            assert key in logged, f"{name}: {key} is defined but not logged"
+            assert math.isclose(logged[key], value, rel_tol=1e-5, abs_tol=1e-6), (name, key, logged[key], value)
+            checked.add(key)
+    assert len(checked) >= (1 if name == "online_dpo" else 20), sorted(checked)
