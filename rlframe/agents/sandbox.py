@@ -84,18 +84,6 @@ _PR_CAPBSET_DROP = 24
 _CAP_SYS_RESOURCE = 24
 
 
-class ToolText(str):
-    """A result's text that also carries how long its call ran (`seconds`), so that code which passes
-    only the texts on (AgentLoop._append_tool_turn) can still charge the time to its trajectory."""
-
-    seconds: float
-
-    def __new__(cls, text: str, seconds: float = 0.0):
-        obj = super().__new__(cls, text)
-        obj.seconds = seconds
-        return obj
-
-
 @dataclass(frozen=True)
 class ToolResult:
     text: str
@@ -575,7 +563,7 @@ class ToolRunner:
     # -- one call
 
     def _result(self, text: str, status: str, seconds: float = 0.0) -> ToolResult:
-        return ToolResult(text=ToolText(truncate(text, self.max_result_chars), seconds), status=status, seconds=seconds)
+        return ToolResult(text=truncate(text, self.max_result_chars), status=status, seconds=seconds)
 
     def _run_one(self, call: ToolCall | MalformedCall | ExcessCall) -> ToolResult:
         if isinstance(call, ExcessCall):

@@ -176,10 +176,11 @@ def test_a_trajectory_ends_when_its_tool_time_is_spent(tok, tmp_path):
             batch, m = _run(loop, tok, SLOW, n=1)
         finally:
             loop.runner.close()
-        turns[budget] = (m["agent/turns_mean"], m["agent/tool_calls_mean"], _tool_text(tok, batch, 0).count("done"))
+        turns[budget] = (m["agent/turns_mean"], m["agent/tool_calls_mean"], _tool_text(tok, batch, 0).count("done"),
+                         m["agent/tool_budget_ended_frac"])
     # 0.5 s: the second call (0.6 s in all) spends it: the trajectory ends there, without that result
-    assert turns[0.5] == (2, 2, 1)
-    assert turns[10.0] == (3, 2, 2)  # at max_turns the last turn's call is not run
+    assert turns[0.5] == (2, 2, 1, 1.0)
+    assert turns[10.0] == (3, 2, 2, 0.0)  # at max_turns the last turn's call is not run
 
 
 def test_a_tool_that_may_outlast_the_budget_is_refused_when_the_loop_is_built(tok, tmp_path):

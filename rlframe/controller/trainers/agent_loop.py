@@ -55,6 +55,8 @@ class Trajectory:
     calls: int = 0
     done: bool = False
     truncated: bool = False  # ran out of tokens before its last turn ended
+    tool_seconds: float = 0.0  # wall time its tool calls took, all turns
+    budget_spent: bool = False  # ended because tool_seconds reached agent.max_tool_seconds_per_trajectory
 
 
 def tool_turn_text(tokenizer, results: list[str]) -> str:
@@ -86,11 +88,15 @@ class AgentLoop:
     """Runs trajectories for a batch of prompts; `run` returns the contract rollout batch (samples
     of a prompt adjacent) with the metrics of the loop."""
 
-    def __init__(self, tokenizer, runner, *, max_turns: int, response_length: int):
+    def __init__(self, tokenizer, runner, *, max_turns: int, response_length: int, max_calls_per_turn: int | None = None,
+                 max_tool_seconds: float | None = None):
+        from functools import partial
+
         from rlframe.agents.calls import parse_tool_calls
 
-        self.tokenizer, self.runner, self.parse = tokenizer, runner, parse_tool_calls
-        self.max_turns, self.response_length = max_turns, response_length
+        self.tokenizer, self.runner = tokenizer, runner
+        self.parse = partial(parse_tool_calls, max_calls=max_calls_per_turn) if max_calls_per_turn else parse_tool_calls
+        self.max_turns, self.response_length, self.max_tool_seconds = max_turns, response_length, max_tool_seconds
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
         self.eos_ids = end_of_sequence_ids(tokenizer)  # every id a turn may end with (rollout/stops.py)
         self.turn_checks: list | None = None  # preflight: a list to which each run adds its append-only check
@@ -114,7 +120,8 @@ class AgentLoop:
                 statuses.update(r.status for r in results)
                 k = 0
                 for t, calls in pending:
-                    self._append_tool_turn(t, [r.text for r in results[k:k + len(calls)]])
+                    done = results[k:k + len(calls)]
+                    self._append_tool_turn(t, [r.text for r in done], seconds=sum(r.seconds for r in done))
                     k += len(calls)
             if self.turn_checks is not None:
                 for snap, t in zip(snapshots, trajs):
@@ -154,16 +161,16 @@ class AgentLoop:
             return []
         return calls
 
-    def _append_tool_turn(self, t: Trajectory, results: list[str]) -> None:
-        """Append the tool turn of `results` (the runner's texts, which carry their calls' `seconds`).
-        The trajectory ends here instead when its tools' time reaches `max_tool_seconds` (set by
-        build_agent_loop from agent.max_tool_seconds_per_trajectory; None: no budget), as at
-        max_turns: the turn whose calls spent it is its last, and no later call of it runs."""
+    def _append_tool_turn(self, t: Trajectory, results: list[str], *, seconds: float = 0.0) -> None:
+        """Append the tool turn of `results` (the texts of calls that took `seconds` together). The
+        trajectory ends here instead when its tools' time reaches `max_tool_seconds`
+        (agent.max_tool_seconds_per_trajectory; None: no budget), as at max_turns: the turn whose calls
+        spent it is its last (a trajectory may exceed the budget by that turn's calls), no later call
+        of it runs, and `agent/tool_budget_ended_frac` counts it."""
         t.calls += len(results)
-        t.tool_seconds = getattr(t, "tool_seconds", 0.0) + sum(getattr(r, "seconds", 0.0) for r in results)
-        budget = getattr(self, "max_tool_seconds", None)
-        if budget is not None and t.tool_seconds >= budget:
-            t.done = True
+        t.tool_seconds += seconds
+        if self.max_tool_seconds is not None and t.tool_seconds >= self.max_tool_seconds:
+            t.done = t.budget_spent = True
             return
         obs = self.tokenizer.encode(tool_turn_text(self.tokenizer, results), add_special_tokens=False)
         if len(t.tokens) + len(obs) >= self.response_length:  # no room left to answer after the results
@@ -195,6 +202,7 @@ class AgentLoop:
              "agent/tool_call_rate": float(np.mean([t.calls > 0 for t in trajs])),
              "agent/tool_success_rate": statuses["ok"] / calls if calls else 0.0,
              "agent/truncated_frac": float(np.mean([t.truncated for t in trajs])),
+             "agent/tool_budget_ended_frac": float(np.mean([t.budget_spent for t in trajs])),
              "agent/tool_tokens_mean": float(np.mean([len(t.mask) - sum(t.mask) for t in trajs]))}
         m.update({f"agent/calls_{status}": float(count) for status, count in statuses.items()})
         return m
@@ -219,9 +227,7 @@ def build_agent_loop(cfg, tokenizer) -> AgentLoop:
     """The run's agent loop: its tools loaded and checked (agent.tools_path, agent.builtin_tools), their
     sandboxed runner started, and its caps set: agent.max_calls_per_turn (the calls past it in a turn
     are answered with an error, status too_many_calls) and agent.max_tool_seconds_per_trajectory."""
-    from functools import partial
-
-    from rlframe.agents.calls import check_neutralized, parse_tool_calls
+    from rlframe.agents.calls import check_neutralized
     from rlframe.agents.sandbox import ToolRunner
     from rlframe.agents.tools import load_tools
 
@@ -234,7 +240,5 @@ def build_agent_loop(cfg, tokenizer) -> AgentLoop:
                          "their timeout_s or raise the budget")
     check_neutralized(tokenizer)
     runner = ToolRunner(tools, max_result_chars=agent.max_result_chars)
-    loop = AgentLoop(tokenizer, runner, max_turns=agent.max_turns, response_length=cfg.data.response_length)
-    loop.parse = partial(parse_tool_calls, max_calls=agent.max_calls_per_turn)
-    loop.max_tool_seconds = agent.max_tool_seconds_per_trajectory
-    return loop
+    return AgentLoop(tokenizer, runner, max_turns=agent.max_turns, response_length=cfg.data.response_length,
+                     max_calls_per_turn=agent.max_calls_per_turn, max_tool_seconds=agent.max_tool_seconds_per_trajectory)
