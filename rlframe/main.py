@@ -41,6 +41,7 @@ def main(argv: list[str] | None = None) -> int:
     from rlframe.controller.trainers import run_training
     from rlframe.controller.trainers.nonfinite import NonFiniteTrainingError
     from rlframe.controller.trainers.restart import WorkerRestartsExhausted
+    from rlframe.rewards.manager import RewardErrorsExceeded
 
     check_cpu_precision(cfg)  # bf16 on a CPU whose bf16 matmuls are slower than fp32: say so
     try:
@@ -48,7 +49,8 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as err:  # what a joined Ray cluster cannot provide, found once joined
         print(f"rlframe: {err}", file=sys.stderr)
         return 2
-    except (NonFiniteTrainingError, WorkerRestartsExhausted, InvariantViolation) as err:  # metrics so far are in the run directory
+    except (NonFiniteTrainingError, WorkerRestartsExhausted, InvariantViolation,
+            RewardErrorsExceeded) as err:  # metrics so far are in the run directory
         print(f"rlframe: {err}", file=sys.stderr)
         return 1
     return 0

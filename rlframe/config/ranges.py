@@ -102,6 +102,7 @@ RANGES: dict[str, Rule] = {
     "rollout.kv_cache_bytes": at_least(1 << 20, " (1 MiB; null: 256 MiB on CPU, on GPU what gpu_memory_utilization leaves after the weights)"),
     "rollout.bucket_bytes": at_least(1 << 20, " (1 MiB; weights move in buckets of this size)"),
     "reward.num_workers": at_least(0, " (0: score in the driver)"),
+    "reward.max_error_fraction": within(0, 1, why=" (of a batch's rewards that may fail; 1.0: never stop)"),
     "resources.nodes": POSITIVE_INT,
     "resources.procs_per_node": POSITIVE_INT,
     "resources.cpus_per_proc": above(0),

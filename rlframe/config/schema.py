@@ -31,7 +31,9 @@ class ModelConfig:
 
 @dataclass
 class DataConfig:
-    task: str | None = "arithmetic"  # synthetic task (arithmetic | countdown) made on first use; None: files
+    # Synthetic task (arithmetic | countdown) made on first use, for each split that lists no files:
+    # train_files / val_files, when given, are used whatever the task (None: files only).
+    task: str | None = "arithmetic"
     train_files: list[str] = field(default_factory=list)
     val_files: list[str] = field(default_factory=list)
     train_size: int = 5000
@@ -149,6 +151,10 @@ class RewardConfig:
     num_workers: int = 0  # reward processes; 0 scores inline (cheaper for rule rewards, see docs/benchmarks.md)
     model_paths: list[str] = field(default_factory=list)  # reward models (sequence classifiers)
     ensemble: str = "mean"  # mean | min over reward models
+    # A batch in which more than this fraction of the reward function's calls fail (raise, or return
+    # no usable score) stops the run with the first traceback; failures below it score 0 and are
+    # counted in reward/errors. 1.0: never stop.
+    max_error_fraction: float = 0.5
 
 
 @dataclass

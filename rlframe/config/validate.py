@@ -201,7 +201,7 @@ def _check_kl_and_sampling(cfg: RunConfig, out: list[str]) -> None:
     if alg.kl_target is not None and not alg.kl_in_reward:
         out.append(f"algorithm.kl_target={alg.kl_target} adapts the KL penalty in the reward, but "
                    "algorithm.kl_in_reward=false; set kl_in_reward=true or kl_target=null")
-    if data.task is not None and data.train_batch_size > data.train_size:
+    if data.task is not None and not data.train_files and data.train_batch_size > data.train_size:
         out.append(f"data.train_batch_size={data.train_batch_size} is larger than the synthetic task's "
                    f"data.train_size={data.train_size} prompts; lower the batch or raise train_size")
 
@@ -286,13 +286,17 @@ def _check_cross_field(cfg: RunConfig, out: list[str]) -> None:
 def _check_paths(cfg: RunConfig, out: list[str]) -> None:
     from rlframe.data.pretrain import TASKS
 
-    if cfg.data.task is None:
-        if not cfg.data.train_files:
-            out.append("data.task is null and data.train_files is empty: give parquet/jsonl files or a synthetic task")
-        for f in [*cfg.data.train_files, *cfg.data.val_files]:
+    if cfg.data.task is None and not cfg.data.train_files:
+        out.append("data.task is null and data.train_files is empty: give parquet/jsonl files or a synthetic task")
+    for key in ("train_files", "val_files"):  # files given are used whatever data.task is, so they must exist
+        for f in getattr(cfg.data, key):
             if not Path(f).expanduser().is_file():
-                out.append(f"data file {f!r} (data.train_files / data.val_files) does not exist; fix the path "
-                           "or set data.task to a synthetic task")
+                fix = ("or set data.task to a synthetic task" if cfg.data.task is None else
+                       f"or remove it to use the {cfg.data.task} task's split (data.{key}=[])")
+                out.append(f"data file {f!r} (data.{key}) does not exist; fix the path {fix}")
+            elif Path(f).suffix.lower() not in (".parquet", ".jsonl", ".ndjson"):
+                out.append(f"data file {f!r} (data.{key}) is neither .parquet nor .jsonl; convert it to one of "
+                           "them (rows in the verl layout: rlframe/data/dataset.py)")
     if cfg.model.path is None and cfg.data.task not in TASKS:
         out.append(f"model.path is null, so the tiny model would be built, but it is pre-trained only on "
                    f"{sorted(TASKS)}, not data.task={cfg.data.task!r}; give model.path or use data.task=arithmetic")

@@ -9,8 +9,11 @@ puts each score on the last valid response token, giving the (B, R) tensor of do
 A reward function that raises, returns a non-number, or returns NaN/inf for one sample scores that
 sample 0 and adds 1 to `reward/errors`; the first `max_logged_errors` tracebacks are logged.
 A worker process that dies or a batch that exceeds `timeout_s` marks the samples of the chunks not
-finished by then the same way and the pool is rebuilt: a reward bug never stops the run. (Inline
-scoring has no timeout; math-verify applies its own 5 s limit when it runs in a main thread.)
+finished by then the same way and the pool is rebuilt. (Inline scoring has no timeout; math-verify
+applies its own 5 s limit when it runs in a main thread.) A bug in one sample does not stop the
+run, but a reward that fails on most of a batch does: when more than `max_error_fraction` of a
+batch's samples fail (`reward.max_error_fraction`, default 0.5), `compute` raises
+`RewardErrorsExceeded` with the first traceback, since training on those zeros teaches nothing.
 
 Why a pool is optional: on a 2-core machine a cheap rule reward (~10 us/sample) costs far less
 than shipping the strings to another process, so the default is inline; math-verify (sympy, ~ms
@@ -84,6 +87,24 @@ def _init_worker() -> None:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
+# What `reward.max_error_fraction` defaults to (rlframe.config.schema.RewardConfig).
+DEFAULT_MAX_ERROR_FRACTION = 0.5
+
+
+class RewardErrorsExceeded(RuntimeError):
+    """More than the allowed fraction of one batch's rewards failed; the message holds the first traceback."""
+
+    def __init__(self, *, failed: int, total: int, max_error_fraction: float, first_traceback: str):
+        self.failed, self.total, self.max_error_fraction = failed, total, max_error_fraction
+        self.first_traceback = first_traceback
+        super().__init__(
+            f"the reward function failed on {failed} of {total} samples of a batch, more than "
+            f"reward.max_error_fraction={max_error_fraction} allows, so the run stops instead of training on "
+            f"zeros. The first failure:\n{first_traceback.rstrip()}\n"
+            "Fix the reward function, or give your own with reward.function_path (a .py file) and "
+            "reward.function_name (default compute_score); set reward.max_error_fraction=1.0 to train on anyway.")
+
+
 @dataclass
 class RewardResult:
     scores: np.ndarray  # (B,) float32
@@ -100,7 +121,10 @@ class RewardManager:
             validated once here, so a bad path or signature fails at start.
         num_workers: processes in the pool; 0 scores inline in the calling process.
         timeout_s: seconds a batch may take in the pool before its unfinished samples count as errors.
-        max_logged_errors: tracebacks logged over the manager's lifetime (then only counted).
+        max_logged_errors: tracebacks logged over the manager's lifetime (then only counted); a
+            traceback equal to one already logged is not logged again.
+        max_error_fraction: a batch with more than this fraction of failed samples raises
+            `RewardErrorsExceeded` (None or 1.0: never; the trainer passes reward.max_error_fraction).
 
     Example:
         >>> mgr = RewardManager(num_workers=0)
@@ -115,15 +139,20 @@ class RewardManager:
         num_workers: int = DEFAULT_NUM_WORKERS,
         timeout_s: float = 120.0,
         max_logged_errors: int = 3,
+        max_error_fraction: float | None = None,
     ):
         if num_workers < 0:
             raise ValueError(f"reward num_workers must be >= 0 (0 = inline), got {num_workers}")
+        if max_error_fraction is not None and not 0.0 <= max_error_fraction <= 1.0:
+            raise ValueError(f"max_error_fraction must be in [0, 1] (None: never stop), got {max_error_fraction}")
         self.fn_spec = fn_spec or RewardFnSpec()
         self.fn = self.fn_spec.load()  # validates path, name and signature now, in the driver
         self.num_workers = num_workers
         self.timeout_s = timeout_s
         self.max_logged_errors = max_logged_errors
+        self.max_error_fraction = max_error_fraction
         self.errors_logged = 0
+        self._logged_tracebacks: set[str] = set()
         self._pool: ProcessPoolExecutor | None = None
 
     def _get_pool(self) -> ProcessPoolExecutor:
@@ -191,11 +220,19 @@ class RewardManager:
         names = sorted({k for o in outcomes for k in o[1]})
         extras = {k: np.array([o[1].get(k, np.nan) for o in outcomes], dtype=np.float32) for k in names}
         errors = [(i, o[2]) for i, o in enumerate(outcomes) if o[2] is not None]
+        limit = self.max_error_fraction
+        if errors and limit is not None and len(errors) > limit * n:
+            raise RewardErrorsExceeded(failed=len(errors), total=n, max_error_fraction=limit,
+                                       first_traceback=errors[0][1])
         for i, tb in errors:
             if self.errors_logged >= self.max_logged_errors:
                 break
+            if tb in self._logged_tracebacks:  # the same failure on every sample: said once
+                continue
+            self._logged_tracebacks.add(tb)
             self.errors_logged += 1
-            logger.warning("reward function failed on sample %d (scored 0):\n%s", i, tb)
+            logger.warning("reward function failed on sample %d (scored 0; %d of %d samples of this batch "
+                           "failed):\n%s", i, len(errors), n, tb)
         failed = np.array([o[2] is not None for o in outcomes], dtype=bool)
         return RewardResult(scores=scores, extras=extras, metrics=reward_metrics(scores, extras, failed), failed=failed)
 

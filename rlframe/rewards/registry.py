@@ -59,7 +59,8 @@ def default_compute_score(
     if fn is None:
         raise ValueError(
             f"no built-in reward for data_source {data_source!r} (known: {sorted(_BY_SOURCE)}); "
-            "set reward.custom_fn.path/name to a function of your own"
+            "give a function of your own with reward.function_path (a .py file) and reward.function_name "
+            "(default compute_score)"
         )
     return fn(solution_str, ground_truth)
 
@@ -89,7 +90,7 @@ def load_reward_fn(path: str | Path, name: str = "compute_score") -> Callable:
     if not file.is_file():
         raise ValueError(
             f"reward function file {str(file)!r} does not exist (or is not a file); "
-            "fix reward.custom_fn.path (relative paths are resolved from the working directory)"
+            "fix reward.function_path (relative paths are resolved from the working directory)"
         )
     module_name = f"rlframe_custom_reward_{abs(hash(str(file.resolve())))}"
     module = sys.modules.get(module_name)
@@ -106,7 +107,7 @@ def load_reward_fn(path: str | Path, name: str = "compute_score") -> Callable:
         public = sorted(k for k, v in vars(module).items() if callable(v) and not k.startswith("_"))
         raise ValueError(
             f"reward function file {str(file)!r} defines no {name!r}; functions there: {public}; "
-            "fix reward.custom_fn.name"
+            "fix reward.function_name"
         )
     fn = getattr(module, name)
     check_signature(fn, where=f"{name!r} in {str(file)!r}")

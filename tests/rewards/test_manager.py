@@ -120,3 +120,40 @@ def test_dying_worker_is_counted_and_pool_recovers(tmp_path):
         assert res.scores.tolist() == [0.0] and res.metrics["reward/errors"] == 1.0
         ok = mgr.compute(["a"], data_sources=["t"], ground_truths=["x"])
     assert ok.scores.tolist() == [0.5]
+
+
+def test_more_than_the_allowed_fraction_of_errors_stops_with_the_first_traceback(flaky_spec):
+    from rlframe.rewards.manager import RewardErrorsExceeded
+
+    responses, truths, _ = _inputs()  # 4 of 8 fail: exactly the fraction 0.5 still scores
+    with RewardManager(fn_spec=flaky_spec, max_error_fraction=0.5) as mgr:
+        assert mgr.compute(responses, data_sources=["t"] * 8, ground_truths=truths).metrics["reward/errors"] == 4.0
+        with pytest.raises(RewardErrorsExceeded) as err:  # 5 of 8
+            mgr.compute(responses[:7] + ["raise"], data_sources=["t"] * 8, ground_truths=truths)
+    msg = str(err.value)
+    assert err.value.failed == 5 and err.value.total == 8
+    assert "5 of 8 samples" in msg and "reward.max_error_fraction=0.5" in msg
+    assert msg.count("Traceback") == 1 and "boom on purpose" in msg  # the first failure, once
+    assert "reward.function_path" in msg and "reward.function_name" in msg and "custom_fn" not in msg
+
+
+def test_an_unknown_data_source_stops_naming_the_real_keys():
+    from rlframe.rewards.manager import RewardErrorsExceeded
+
+    with RewardManager(max_error_fraction=0.5) as mgr, pytest.raises(RewardErrorsExceeded) as err:
+        mgr.compute(["42"] * 256, data_sources=["my_dataset"] * 256, ground_truths=["42"] * 256)
+    msg = str(err.value)
+    assert "256 of 256" in msg and "no built-in reward for data_source 'my_dataset'" in msg
+    assert "reward.function_path" in msg and "custom_fn" not in msg
+
+
+def test_the_same_traceback_is_logged_once(caplog):
+    with caplog.at_level(logging.WARNING, logger="rlframe.rewards"), RewardManager() as mgr:
+        res = mgr.compute(["42"] * 16, data_sources=["my_dataset"] * 16, ground_truths=["42"] * 16)
+    assert res.metrics["reward/errors"] == 16.0  # no limit given: scored 0 and counted
+    assert len([r for r in caplog.records if "reward function failed" in r.getMessage()]) == 1
+
+
+def test_max_error_fraction_must_be_a_fraction():
+    with pytest.raises(ValueError, match="max_error_fraction"):
+        RewardManager(max_error_fraction=1.5)

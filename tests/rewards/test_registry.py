@@ -32,7 +32,7 @@ def test_load_custom_reward_fn(tmp_path):
 
 
 def test_missing_file_is_a_clear_error(tmp_path):
-    with pytest.raises(ValueError, match="does not exist.*reward.custom_fn.path"):
+    with pytest.raises(ValueError, match="does not exist.*reward.function_path"):
         load_reward_fn(tmp_path / "absent.py", "compute_score")
 
 

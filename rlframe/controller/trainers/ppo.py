@@ -61,7 +61,8 @@ class PPOTrainer:
         say(f"data: {len(self.loader.dataset)} train prompts, {len(self.val_set) if self.val_set else 0} held out")
         spec = RewardFnSpec(path=cfg.reward.function_path, name=cfg.reward.function_name) \
             if cfg.reward.function_path else None
-        self.reward = RewardManager(fn_spec=spec, num_workers=cfg.reward.num_workers)
+        self.reward = RewardManager(fn_spec=spec, num_workers=cfg.reward.num_workers,
+                                    max_error_fraction=cfg.reward.max_error_fraction)
         self.agent = build_agent_loop(cfg, self.tokenizer) if cfg.agent.enabled else None  # before any worker
         alg = cfg.algorithm
         self.kl_ctrl = make_kl_controller(kind="adaptive" if alg.kl_target else "fixed", kl_coef=alg.kl_coef,

@@ -61,16 +61,31 @@ def data_settings(cfg: RunConfig) -> dict:
 
 
 def task_files(cfg: RunConfig) -> tuple[list[str], list[str]]:
-    """Train/val files: the configured ones, or the synthetic task's splits (generated once, cached
-    in a folder whose settings.json must equal `data_settings(cfg)`, else it is rebuilt)."""
-    if cfg.data.task is None:
-        return list(cfg.data.train_files), list(cfg.data.val_files)
+    """Train/val files. Files the config lists are always used for their split (data.train_files
+    for training, data.val_files for validation); a split with none comes from the synthetic task
+    `data.task` when one is set (its splits generated once, cached in a folder whose settings.json
+    must equal `data_settings(cfg)`, else it is rebuilt), and is empty otherwise."""
+    train, val = list(cfg.data.train_files), list(cfg.data.val_files)
+    if cfg.data.task is None or (train and val):
+        return train, val
     settings = data_settings(cfg)
     key = hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:16]
     final = cache_root(cfg) / "data" / f"{cfg.data.task}-{key}"
     if recorded_settings(final) != settings:
         _write_task_files(cfg, settings, final)
-    return [str(final / "train.parquet")], [str(final / "test.parquet")]
+    return train or [str(final / "train.parquet")], val or [str(final / "test.parquet")]
+
+
+def data_origin(cfg: RunConfig) -> str | None:
+    """One line saying where each split comes from when the config mixes files and a synthetic task
+    (e.g. `data.train_files` given with the default `data.task`); None when it does not."""
+    d = cfg.data
+    if d.task is None or not (d.train_files or d.val_files):
+        return None
+    train = f"data.train_files ({len(d.train_files)} file(s))" if d.train_files else f"the {d.task} task's train split"
+    val = f"data.val_files ({len(d.val_files)} file(s))" if d.val_files else f"the {d.task} task's held-out split"
+    return (f"data: training on {train}, validating on {val} (files given are used for their split; "
+            f"data.task={d.task} fills a split without files)")
 
 
 def recorded_settings(folder: Path) -> dict | None:
@@ -128,6 +143,11 @@ def build_data(cfg: RunConfig, tokenizer):
     from rlframe.data.dataset import PromptDataset
 
     train_files, val_files = task_files(cfg)
+    origin = data_origin(cfg)
+    if origin:
+        from rlframe.controller.trainers.tracking import say
+
+        say(origin)
     train = PromptDataset(train_files, tokenizer=tokenizer, max_prompt_length=cfg.data.prompt_length)
     val = PromptDataset(val_files, tokenizer=tokenizer, max_prompt_length=cfg.data.prompt_length) if val_files else None
     loader = StatefulDataLoader(train, batch_size=cfg.data.train_batch_size, seed=cfg.data.seed,
