@@ -8,10 +8,11 @@ module as `report`.
 from __future__ import annotations
 
 import os
-import platform
 import statistics
 import time
 from pathlib import Path
+
+from rlframe.utils.machine import cpu_model
 
 BENCHMARKS_MD = Path(__file__).resolve().parent.parent / "docs" / "benchmarks.md"
 
@@ -39,18 +40,6 @@ def machine_line(*, note: str = "", packages: dict[str, str] | None = None) -> s
     versions = [f"torch {torch.__version__}"] + [f"{k} {v}" for k, v in (packages or {}).items()]
     return (f"Machine: {cpu}{f', {note};' if note else ','} {', '.join(versions)}; "
             f"measured {time.strftime('%Y-%m-%d', time.gmtime())}.")
-
-
-def cpu_model() -> str:
-    """The CPU's model name from /proc/cpuinfo (e.g. "AMD EPYC"); rates differ by CPU model, so
-    every table names it. Falls back to platform.processor() / machine() where /proc is absent."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def markdown_row(cells) -> str:

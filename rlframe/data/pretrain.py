@@ -41,6 +41,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from rlframe.data.synthetic import ArithmeticSpec, arithmetic_rows
+from rlframe.utils.machine import cpu_model
 from rlframe.data.tool_task import ToolArithmeticSpec
 
 # Bump when the training recipe changes in a way the key below does not capture.
@@ -298,20 +299,12 @@ def _train_into(tmp: Path, *, preset: str, task: str, seed: int, cfg: SFTConfig)
         "torch": torch.__version__, "transformers": transformers.__version__,
         # What else the bits may depend on, to compare two machines that disagree (docs/tiny_model.md).
         "python": platform.python_version(), "numpy": np.__version__, "libc": " ".join(platform.libc_ver()),
-        "cpu": _cpu_model(), "mkl": _torch_blas(),
+        "cpu": cpu_model(), "mkl": _torch_blas(),
     }
     (tmp / "rlframe_pretrain.json").write_text(json.dumps(info, indent=2))
     return info
 
 
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor()
 
 
 def _torch_blas() -> str:

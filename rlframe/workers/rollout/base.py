@@ -137,9 +137,15 @@ class RolloutEngine(ABC):
         """{`name[lo:hi,...]`: sha256 hex (or "unverifiable: why")} of `weight_slice_digests(boxes)`."""
         return {d.key: d.digest for d in self.weight_slice_digests(boxes)}
 
+    _lora_version = 0  # the adapter being served (0: none); engines with LoRA count their updates here
+
     def unchecked_weights(self) -> list[str]:
-        """What `weight_checksums` does not cover though a sync writes it (e.g. a LoRA adapter)."""
-        return []
+        """What `weight_checksums` does not cover though a sync writes it: a LoRA adapter (synced, but
+        only the base weights are read back)."""
+        if self._lora_version == 0:
+            return []
+        return [f"LoRA adapter v{self._lora_version}: adapters are synced but not read back (only base weights are "
+                "checksummed)"]
 
     _sleeping: frozenset = frozenset()  # the MEMORY_TAGS `sleep` released and `wake` has not given back
 

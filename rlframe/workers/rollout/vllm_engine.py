@@ -345,12 +345,6 @@ class VLLMRolloutEngine(RolloutEngine):
         with torch.no_grad():
             return slice_digests(read, boxes)
 
-    def unchecked_weights(self) -> list[str]:
-        if self._lora_version == 0:
-            return []
-        return [f"LoRA adapter v{self._lora_version}: adapters are synced but not read back (only base weights are "
-                "checksummed)"]
-
     # ------------------------------------------------------------------ LoRA adapters
     @property
     def lora_version(self) -> int:
