@@ -29,9 +29,10 @@ import torch.distributed as dist
 from rlframe.workers.engines import checkpoint as ckpt
 from rlframe.workers.engines.accumulate import MetricSums, check_scalar_loss, micro_batch_weights
 from rlframe.workers.engines.base import (
-    BatchedForward, TrainEngine, TrainEngineConfig, check_trainable, compute_dtype, require_keys,
+    TrainEngine, TrainEngineConfig, check_trainable, compute_dtype, require_keys,
     resolve_mixed_precision,
 )
+from rlframe.workers.engines.forward import BatchedForward
 from rlframe.workers.engines.micro_batch import restore_order
 from rlframe.workers.engines.fsdp.modeling import cpu_attention, load_config, load_model, resolve_attn_implementation
 from rlframe.workers.engines.optim import (

@@ -31,8 +31,9 @@ import torch.distributed as dist
 from rlframe.resharding.layout import Layout
 from rlframe.workers.engines.accumulate import MetricSums, check_scalar_loss, micro_batch_weights
 from rlframe.workers.engines.base import (
-    BatchedForward, TrainEngine, TrainEngineConfig, check_trainable, compute_dtype, resolve_mixed_precision,
+    TrainEngine, TrainEngineConfig, check_trainable, compute_dtype, resolve_mixed_precision,
 )
+from rlframe.workers.engines.forward import BatchedForward
 from rlframe.workers.engines.megatron import checkpoint as mckpt
 from rlframe.workers.engines.megatron import cpu_compat
 from rlframe.workers.engines.megatron.inputs import MegatronInputs, megatron_inputs
