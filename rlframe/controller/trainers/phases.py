@@ -108,7 +108,9 @@ def score(batch: DataProto, *, cfg: RunConfig, tokenizer, reward_manager, reward
     for k, v in result.extras.items():
         b[REWARD_EXTRA + k] = torch.as_tensor(v, dtype=torch.float32)
     if reward_model is not None:
-        scores = b["rm_score"] = reward_model.compute_rm_score(batch).batch["rm_scores"].float()
+        rm = reward_model.compute_rm_score(batch).batch
+        scores = b["rm_score"] = rm["rm_scores"].float()
+        b["rm_score_per_model"] = rm["rm_scores_per_model"].float()  # (B, M): reward/rm/<i>/mean
     if cfg.algorithm.overlong_buffer_len > 0:
         b["overlong_penalty"] = overlong_reward_penalty(
             response_lengths=occupied_lengths(batch), max_response_length=cfg.data.response_length,
@@ -131,7 +133,8 @@ def align_reward_extras(batches: list[DataProto]) -> list[DataProto]:
 def reward_metrics(batch: DataProto) -> dict[str, float]:
     """The reward metrics of exactly these rows: `reward/mean` (the reward function's score),
     `reward/errors`, `critic/accuracy` (its verdict), each extra's `reward/<k>/mean` over all rows
-    (absent counts 0) and `reward/<k>/count`, `reward/rm/mean` (reward model), and
+    (absent counts 0) and `reward/<k>/count`, `reward/rm/mean` (reward model; ensembled) and
+    `reward/rm/<i>/mean` (each reward model of reward.model_paths), and
     `reward/overlong_penalty_mean`."""
     from rlframe.rewards.manager import reward_metrics as function_metrics
 
@@ -142,6 +145,9 @@ def reward_metrics(batch: DataProto) -> dict[str, float]:
     out["critic/accuracy"] = float(b["acc"].mean()) if len(batch) else 0.0
     if "rm_score" in b.keys():
         out["reward/rm/mean"] = float(b["rm_score"].mean())
+    if "rm_score_per_model" in b.keys():
+        for i, col in enumerate(b["rm_score_per_model"].unbind(1)):
+            out[f"reward/rm/{i}/mean"] = float(col.mean())
     if "overlong_penalty" in b.keys():
         out["reward/overlong_penalty_mean"] = float(b["overlong_penalty"].mean())
     return out

@@ -145,7 +145,8 @@ def build_roles(cfg: RunConfig, *, actor_path: str, critic_path: str) -> RunRole
     if cfg.reward.model_paths:
         pool = role_pool(cfg, cfg.resources.procs_per_node, "reward_model")
         rm = RayWorkerGroup(pool, RewardModelWorker, name="reward_model",
-                            kwargs=dict(model_paths=cfg.reward.model_paths, ensemble=cfg.reward.ensemble), env=env,
+                            kwargs=dict(model_paths=cfg.reward.model_paths, ensemble=cfg.reward.ensemble,
+                                        policy_tokenizer_path=actor_path), env=env,
                             collective_timeout_s=timeout)
         pools.append(pool)
     ref = groups.get("ref")
