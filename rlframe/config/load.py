@@ -14,10 +14,18 @@ def available_configs(configs_dir: Path = CONFIGS_DIR) -> list[str]:
     return sorted(p.stem for p in configs_dir.glob("*.yaml"))
 
 
-def _upsert(override: str) -> str:
+def config_groups(dirs: list[Path]) -> set[str]:
+    """Config groups (sub-directories of yaml files, e.g. `algorithm`): `algorithm=dapo` selects one."""
+    return {p.name for d in dirs if d.is_dir() for p in d.iterdir() if p.is_dir() and any(p.glob("*.yaml"))}
+
+
+def _upsert(override: str, groups: set[str] = frozenset()) -> str:
     """`key=value` -> `++key=value`: a key the YAML leaves at its schema default can still be set
-    (typos are caught by the schema, with suggestions, in build_config)."""
-    return override if override.startswith(("+", "~")) else "++" + override
+    (typos are caught by the schema, with suggestions, in build_config). A config group's selection
+    (`algorithm=dapo`, no dot) stays as it is: Hydra picks that group's file."""
+    if override.startswith(("+", "~")) or override.partition("=")[0] in groups:
+        return override
+    return "++" + override
 
 
 def load_config(name: str = "ppo_tiny", overrides: list[str] | None = None, *,
@@ -35,12 +43,25 @@ def load_config(name: str = "ppo_tiny", overrides: list[str] | None = None, *,
     if not any((d / f"{name}.yaml").is_file() for d in dirs):
         found = sorted({c for d in dirs for c in available_configs(d)})
         raise ValueError(f"no config named {name!r} in {', '.join(map(str, dirs))}; available: {', '.join(found)}")
-    overrides = [_upsert(o) for o in overrides or []]
+    groups = config_groups(dirs)
+    overrides = [_upsert(o, groups) for o in overrides or []]
     if extra_dir:  # the built-in configs stay reachable by name from the user's directory
         overrides.append(f"hydra.searchpath=[file://{configs_dir}]")
-    try:
+
+    def _compose(overrides: list[str]):
         with initialize_config_dir(config_dir=str(dirs[0]), version_base="1.3"):
-            composed = compose(config_name=name, overrides=overrides)
+            return compose(config_name=name, overrides=overrides)
+
+    try:
+        try:
+            composed = _compose(overrides)
+        except HydraException as err:
+            if "No match in the defaults list" not in str(err):
+                raise
+            # a config that does not list the group (one not built on ppo_tiny): add the selection,
+            # applied after the config's own keys
+            overrides = [f"+{o}" if o.partition("=")[0] in groups else o for o in overrides]
+            composed = _compose(overrides)
     except HydraException as err:
         raise ValueError(f"could not compose config {name!r} with overrides {overrides}: {err}") from err
     return build_config(OmegaConf.to_container(composed, resolve=True))
