@@ -100,10 +100,6 @@ def _check_algorithm(cfg: RunConfig, out: list[str]) -> None:
                    f"so algorithm.n_samples must be >= 2 (got {alg.n_samples}); set algorithm.n_samples=4, say")
     if alg.name == "online_dpo" and alg.n_samples != 2:
         out.append(f"online DPO ranks two samples per prompt: set algorithm.n_samples=2 (got {alg.n_samples})")
-    if not out:  # keys that contradict the name (an unknown name or estimator is said above)
-        from rlframe.config.algorithms import name_problems
-
-        out.extend(name_problems(cfg))
 
 
 def _check_layouts(cfg: RunConfig, out: list[str]) -> None:
@@ -330,6 +326,11 @@ def _check_paths(cfg: RunConfig, out: list[str]) -> None:
                            *((f"reward.model_paths[{i}]", p) for i, p in enumerate(cfg.reward.model_paths))):
         problem = model_dir and check_weight_format(key, model_dir, allow_pickle=cfg.model.allow_pickle_weights)
         if problem:
+            out.append(problem)
+    from rlframe.rewards.reward_model import check_reward_model_dir
+
+    for i, rm_dir in enumerate(cfg.reward.model_paths):  # a sequence classifier with its tokenizer
+        if problem := check_reward_model_dir(f"reward.model_paths[{i}]", rm_dir):
             out.append(problem)
 
 
