@@ -100,6 +100,10 @@ def _check_algorithm(cfg: RunConfig, out: list[str]) -> None:
                    f"so algorithm.n_samples must be >= 2 (got {alg.n_samples}); set algorithm.n_samples=4, say")
     if alg.name == "online_dpo" and alg.n_samples != 2:
         out.append(f"online DPO ranks two samples per prompt: set algorithm.n_samples=2 (got {alg.n_samples})")
+    if not out:  # keys that contradict the name (an unknown name or estimator is said above)
+        from rlframe.config.algorithms import name_problems
+
+        out.extend(name_problems(cfg))
 
 
 def _check_layouts(cfg: RunConfig, out: list[str]) -> None:
