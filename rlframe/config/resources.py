@@ -13,6 +13,23 @@ import os
 from rlframe.config.schema import RunConfig
 
 
+def role_world_sizes(cfg: RunConfig) -> dict[str, int]:
+    """Processes of each worker group (colocated: all roles share the whole pool)."""
+    res = cfg.resources
+    total = res.nodes * res.procs_per_node
+    if res.placement == "colocated":
+        return {"actor": total, "critic": total, "ref": total}
+    split = res.split_procs or {}
+    actor = int(split.get("actor", total))
+    return {"actor": actor, "critic": int(split.get("critic", actor)), "ref": int(split.get("ref", actor)),
+            "rollout": int(split.get("rollout", actor))}
+
+
+def generation_group(cfg: RunConfig) -> str:
+    """The group whose processes generate: the actor's (colocated, the hybrid engine) or its own (split)."""
+    return "rollout" if cfg.resources.placement == "split" else "actor"
+
+
 def joins_existing_cluster(cfg: RunConfig) -> str | None:
     """The address the run joins (config first, then RAY_ADDRESS), or None for a private Ray."""
     return cfg.ray.address or os.environ.get("RAY_ADDRESS") or None
@@ -26,8 +43,6 @@ def private_num_cpus(cfg: RunConfig) -> int:
 
 def pool_sizes(cfg: RunConfig) -> dict[str, int]:
     """Processes of each resource pool the run creates (see controller/trainers/roles.py)."""
-    from rlframe.config.validate import role_world_sizes
-
     res = cfg.resources
     if res.placement == "colocated":
         pools = {"hybrid": res.nodes * res.procs_per_node}

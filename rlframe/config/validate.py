@@ -9,7 +9,7 @@ import importlib
 from pathlib import Path
 
 from rlframe.config.ranges import check_ranges
-from rlframe.config.resources import check_private_cluster
+from rlframe.config.resources import check_private_cluster, generation_group, role_world_sizes
 from rlframe.config.schedule import optimizer_steps, optimizer_steps_per_step
 from rlframe.config.schema import ALGORITHMS, RunConfig
 
@@ -48,23 +48,6 @@ def import_user_modules(cfg: RunConfig) -> None:
         except Exception as err:
             raise ConfigError([f"imports: module {name!r} failed to import ({type(err).__name__}: {err}); "
                                "check the module name and that its directory is on PYTHONPATH"]) from err
-
-
-def role_world_sizes(cfg: RunConfig) -> dict[str, int]:
-    """Processes of each worker group (colocated: all roles share the whole pool)."""
-    res = cfg.resources
-    total = res.nodes * res.procs_per_node
-    if res.placement == "colocated":
-        return {"actor": total, "critic": total, "ref": total}
-    split = res.split_procs or {}
-    actor = int(split.get("actor", total))
-    return {"actor": actor, "critic": int(split.get("critic", actor)), "ref": int(split.get("ref", actor)),
-            "rollout": int(split.get("rollout", actor))}
-
-
-def generation_group(cfg: RunConfig) -> str:
-    """The group whose processes generate: the actor's (colocated, the hybrid engine) or its own (split)."""
-    return "rollout" if cfg.resources.placement == "split" else "actor"
 
 
 def _check_algorithm(cfg: RunConfig, out: list[str]) -> None:

@@ -11,7 +11,7 @@ from math import prod
 from pathlib import Path
 
 from rlframe.config.schema import RunConfig
-from rlframe.config.validate import role_world_sizes
+from rlframe.config.resources import role_world_sizes
 from rlframe.resharding.formats import ModelDims, hf_param_shapes
 from rlframe.resharding.layout import Layout, generation_layout
 from rlframe.resharding.planner import ParamMeta, plan_reshard

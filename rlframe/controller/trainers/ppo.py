@@ -26,7 +26,7 @@ from rlframe.algos.dapo import filter_groups_by_reward_variance
 from rlframe.algos.kl import make_kl_controller
 from rlframe.config.build import to_dict
 from rlframe.config.schema import RunConfig
-from rlframe.config.validate import role_world_sizes
+from rlframe.config.resources import role_world_sizes
 from rlframe.controller import startup
 from rlframe.controller.trainers import phases
 from rlframe.controller.trainers.agent_loop import build_agent_loop

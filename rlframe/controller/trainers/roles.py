@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from rlframe.config.schedule import optimizer_steps
 from rlframe.config.schema import RunConfig
-from rlframe.config.validate import role_world_sizes
+from rlframe.config.resources import role_world_sizes
 from rlframe.controller import RayWorkerGroup, ResourcePool, RoleSpec
 from rlframe.controller.dispatch import METRICS_KEY
 from rlframe.controller.trainers.prelaunch import hybrid_pool, role_pool, take_hosts, worker_env
