@@ -120,6 +120,16 @@ def load_tools(path: str | Path | None, *, builtin: Sequence[str] = ("calculator
     return tools
 
 
+def check_tool_budget(tools: Mapping[str, Tool], max_tool_seconds: float) -> None:
+    """ValueError when a tool may run longer (its timeout_s) than a trajectory's whole tool time
+    (agent.max_tool_seconds_per_trajectory)."""
+    slow = {t.name: t.timeout_s for t in tools.values() if t.timeout_s > max_tool_seconds}
+    if slow:
+        raise ValueError(f"tools {slow} may run longer (timeout_s) than a trajectory's whole tool time, "
+                         f"agent.max_tool_seconds_per_trajectory={max_tool_seconds}; lower "
+                         "their timeout_s or raise the budget")
+
+
 def tool_schemas(tools: Mapping[str, Tool] | Iterable[Tool]) -> list[dict]:
     """The function specs of `tools` for the chat template:
     [{"type": "function", "function": {"name", "description", "parameters"}}, ...]."""

@@ -287,15 +287,20 @@ def _check_paths(cfg: RunConfig, out: list[str]) -> None:
     if cfg.model.path is None and cfg.data.task not in TASKS:
         out.append(f"model.path is null, so the tiny model would be built, but it is pre-trained only on "
                    f"{sorted(TASKS)}, not data.task={cfg.data.task!r}; give model.path or use data.task=arithmetic")
-    if cfg.model.path is not None:
-        p = Path(cfg.model.path).expanduser()
-        if not (p / "config.json").is_file() and cfg.model.hf_config is None:
-            out.append(f"model.path={cfg.model.path!r} has no config.json (missing or not an HF model "
-                       "directory); point it at a local save_pretrained directory, or set model.path=null "
-                       "to build the tiny model")
+    for key, model_dir, fix in (
+            ("model.path", cfg.model.path, "or set model.path=null to build the tiny model"),
+            ("model.critic_path", cfg.model.critic_path if cfg.uses_critic else None,
+             "or set model.critic_path=null to give the critic the actor's model with a value head")):
+        if problem := _model_dir_problem(key, model_dir, fix, hf_config=cfg.model.hf_config is not None):
+            out.append(problem)
     if cfg.reward.function_path is not None and not Path(cfg.reward.function_path).expanduser().is_file():
         out.append(f"reward.function_path={cfg.reward.function_path!r} does not exist; give the path of a "
                    ".py file that defines reward.function_name")
+    elif cfg.reward.function_path is not None and cfg.reward.function_name.isidentifier():
+        _check_reward_function(cfg, out)
+    if cfg.agent.enabled:
+        _check_tools_file(cfg, out)
+    _check_logger_packages(cfg, out)
     resume = cfg.trainer.resume
     if resume not in ("auto", "off") and not Path(resume).expanduser().is_dir():
         out.append(f"trainer.resume={resume!r} is not 'auto', 'off' or an existing checkpoint directory; use "
@@ -321,6 +326,79 @@ def _check_paths(cfg: RunConfig, out: list[str]) -> None:
             out.append(problem)
 
 
+def _model_dir_problem(key: str, model_dir: str | None, fix: str, *, hf_config: bool) -> str | None:
+    """What is wrong with a model directory the workers will load (None: nothing, or no directory set)."""
+    if model_dir is None:
+        return None
+    p = Path(model_dir).expanduser()
+    if (p / "config.json").is_file():
+        return None
+    what = "does not exist" if not p.exists() else ("is not a directory" if not p.is_dir() else
+                                                     "has no config.json (not an HF model directory)")
+    note = (" (model.hf_config stands in for config.json only in a dry run, trainer.dry_run=true)"
+            if hf_config and key == "model.path" else "")
+    return (f"{key}={model_dir!r} {what}{note}; point it at a local save_pretrained directory (one holding "
+            f"config.json and the weights) on this machine, {fix}")
+
+
+def _check_reward_function(cfg: RunConfig, out: list[str]) -> None:
+    """Import the user's reward function now: a missing name or a wrong signature fails here, not
+    in the first step's scoring (rlframe/rewards/registry.py)."""
+    from rlframe.rewards.registry import load_reward_fn
+
+    r = cfg.reward
+    try:
+        load_reward_fn(r.function_path, r.function_name)
+    except ValueError as err:
+        key = ("reward.function_path", r.function_path) if str(err).startswith("importing") else \
+            ("reward.function_name", r.function_name)
+        out.append(f"{key[0]}={key[1]!r}: {err}")
+
+
+def _builtin_tool_problems(cfg: RunConfig) -> list[str]:
+    """Names in agent.builtin_tools that are not built-in tools (no file is read: also in a dry run)."""
+    if not cfg.agent.enabled:
+        return []
+    from rlframe.agents.tools import BUILTIN_TOOLS
+
+    unknown = [n for n in cfg.agent.builtin_tools if n not in BUILTIN_TOOLS]
+    if not unknown:
+        return []
+    return [f"agent.builtin_tools={list(cfg.agent.builtin_tools)!r} names {unknown}, which are not built-in tools "
+            f"(built-in tools: {sorted(BUILTIN_TOOLS)}); remove them, or define them in a tools file given "
+            "as agent.tools_path (rlframe/agents/tools.py)"]
+
+
+def _check_tools_file(cfg: RunConfig, out: list[str]) -> None:
+    """Load agent.tools_path as the run will (rlframe.agents.tools.load_tools): the file exists and
+    imports, and each tool's schema and signature fit; and each tool's timeout fits the trajectory budget."""
+    from rlframe.agents.tools import BUILTIN_TOOLS, check_tool_budget, load_tools
+
+    agent = cfg.agent
+    builtin = tuple(n for n in agent.builtin_tools if n in BUILTIN_TOOLS)  # unknown names are reported apart
+    try:
+        tools = load_tools(agent.tools_path, builtin=builtin)
+        check_tool_budget(tools, agent.max_tool_seconds_per_trajectory)
+    except ValueError as err:
+        key = "agent.tools_path" if agent.tools_path is not None else "agent.builtin_tools"
+        value = agent.tools_path if agent.tools_path is not None else list(agent.builtin_tools)
+        out.append(f"{key}={value!r}: {err}")
+
+
+# trainer.loggers entries that need a package rlframe does not install, and the extra that does (setup.py).
+LOGGER_PACKAGES = {"wandb": "wandb", "mlflow": "mlflow"}
+
+
+def _check_logger_packages(cfg: RunConfig, out: list[str]) -> None:
+    import importlib.util
+
+    for sink, package in LOGGER_PACKAGES.items():
+        if sink in cfg.trainer.loggers and importlib.util.find_spec(package) is None:
+            out.append(f"trainer.loggers={list(cfg.trainer.loggers)!r} names {sink}, but the {package} package is "
+                       f"not installed; install it with `pip install -e .[{sink}]` (or `pip install {package}`), "
+                       f"or remove {sink} from trainer.loggers")
+
+
 def _agent_limit_problems(cfg: RunConfig) -> list[str]:
     """The ranges of the tool sandbox's caps (reported with ranges.py's, in its words): a cap must
     bound something, so neither may be null, zero or negative."""
@@ -344,6 +422,9 @@ def validate(cfg: RunConfig) -> RunConfig:
     Ranges and choices of single fields come first and alone (ranges.py): cross-field rules fed an
     out-of-range value would blame a key the user did not touch. Then the cross-field rules, then
     what the machine can provide (a private Ray only: a joined cluster is checked once joined).
+    Outside a dry run, files the run will read are opened here too: model directories must hold a
+    config.json, the reward function and the tools file are imported and their signatures checked,
+    and the packages of the loggers named must be installed.
     """
     problems = check_ranges(cfg) + _agent_limit_problems(cfg)
     if problems:
@@ -353,6 +434,7 @@ def validate(cfg: RunConfig) -> RunConfig:
     _check_layouts(cfg, problems)
     _check_batches(cfg, problems)
     _check_cross_field(cfg, problems)
+    problems.extend(_builtin_tool_problems(cfg))
     if not cfg.trainer.dry_run:  # a dry run checks a cluster config on a machine without its files or GPUs
         _check_paths(cfg, problems)
         if not problems:

@@ -17,6 +17,7 @@ from rlframe.config import ConfigError, load_config, validate
 
 REPO = Path(__file__).resolve().parents[2]
 LIMIT_S = 5.0
+USER_FILES = REPO / "tests" / "config" / "fixtures" / "user_files"  # a reward file and tools files
 
 # (overrides, text the first problem must contain (the key), text of the fix)
 CASES = [
@@ -129,6 +130,29 @@ CASES = [
     (f"reward.model_paths=[{REPO}/tests/config/fixtures/rm_no_tokenizer]", "has no tokenizer",
      "tokenizer.save_pretrained(path)"),
     ("trainer.resume=/no/such/ckpt", "trainer.resume='/no/such/ckpt'", "trainer.resume=auto"),
+    # model.hf_config (shapes for dry runs) does not stand in for the weights of a real run
+    ("model.path=/no/such/model model.hf_config={model_type:llama}", "model.path='/no/such/model' does not exist",
+     "only in a dry run"),
+    ("model.critic_path=/no/such/critic", "model.critic_path='/no/such/critic' does not exist",
+     "model.critic_path=null"),
+    (f"model.critic_path={REPO}/tests/config", "has no config.json", "model.critic_path=null"),
+    # user files, imported and checked before Ray
+    (f"reward.function_path={USER_FILES}/reward_fns.py reward.function_name=no_such_fn",
+     "reward.function_name='no_such_fn'", "fix reward.function_name"),
+    (f"reward.function_path={USER_FILES}/reward_fns.py reward.function_name=wrong_signature",
+     "reward.function_name='wrong_signature'", "rename or add parameters to match"),
+    (f"agent.enabled=true agent.tools_path={USER_FILES}/tools_wrong_signature.py",
+     "agent.tools_path=", "rename the parameters to match"),
+    (f"agent.enabled=true agent.tools_path={USER_FILES}/tools_slow.py", "agent.tools_path=",
+     "lower their timeout_s or raise the budget"),
+    ("agent.enabled=true agent.tools_path=/no/such/tools.py", "agent.tools_path='/no/such/tools.py'",
+     "fix agent.tools_path"),
+    ("agent.enabled=true agent.builtin_tools=[calculator,search]", "agent.builtin_tools=['calculator', 'search']",
+     "built-in tools: ['calculator']"),
+    # optional packages of trainer.loggers (skipped where installed)
+    ("trainer.loggers=[console,wandb]", "trainer.loggers=['console', 'wandb'] names wandb", "pip install -e .[wandb]"),
+    ("trainer.loggers=[console,mlflow]", "trainer.loggers=['console', 'mlflow'] names mlflow",
+     "pip install -e .[mlflow]"),
     ("data.task=null", "data.task is null and data.train_files is empty", "give parquet/jsonl files"),
     ("data.train_files=[/no/such.jsonl]", "data file '/no/such.jsonl' (data.train_files) does not exist",
      "data.train_files=[]"),
@@ -146,6 +170,14 @@ def first_problem(overrides: str) -> tuple[str, float]:
     return err.value.problems[0], time.perf_counter() - t0
 
 
+def _skip_if_logger_installed(overrides: str) -> None:
+    import importlib.util
+
+    for package in ("wandb", "mlflow"):
+        if f"trainer.loggers=[console,{package}]" in overrides and importlib.util.find_spec(package) is not None:
+            pytest.skip(f"{package} is installed here")
+
+
 def test_the_table_has_one_case_per_rule():
     assert len(CASES) >= 40
     assert len({c[0] for c in CASES}) == len(CASES)
@@ -159,6 +191,7 @@ def test_bad_config_fails_fast_naming_key_and_fix(overrides, key, fix, monkeypat
 
         if torch.cuda.is_available():
             pytest.skip("this machine has GPUs")
+    _skip_if_logger_installed(overrides)
     problem, elapsed = first_problem(overrides)
     assert key in problem, problem
     assert fix in problem, problem
@@ -171,18 +204,59 @@ def test_bad_config_fails_fast_naming_key_and_fix(overrides, key, fix, monkeypat
     ("actor.micro_batch_size=0", "actor.micro_batch_size=0"),
     ("rollout.top_p=1.5", "rollout.top_p=1.5"),
     ("resources.use_gpu=true", "resources.use_gpu=true"),
+    # found only after Ray had started before (18-32 s, a traceback, exit code 1, a config.yaml left behind)
+    (f"reward.function_path={USER_FILES}/reward_fns.py reward.function_name=no_such_fn",
+     "reward.function_name='no_such_fn'"),
+    (f"reward.function_path={USER_FILES}/reward_fns.py reward.function_name=wrong_signature",
+     "reward.function_name='wrong_signature'"),
+    (f"agent.enabled=true agent.tools_path={USER_FILES}/tools_wrong_signature.py", "agent.tools_path="),
+    ("agent.enabled=true agent.tools_path=/no/such/tools.py", "agent.tools_path='/no/such/tools.py'"),
+    ("agent.enabled=true agent.builtin_tools=[calculator,search]", "agent.builtin_tools="),
+    ("trainer.loggers=[console,wandb]", "trainer.loggers="),
+    ("trainer.loggers=[console,mlflow]", "trainer.loggers="),
+    # a cluster config on a machine without its weights: the model, not the node count
+    ("--config-name ppo_llama70b data.task=arithmetic data.train_files=[] data.val_files=[]",
+     "model.path='/models/Meta-Llama-3-70B-Instruct' does not exist"),
 ])
-def test_main_exits_2_without_traceback(override, key):
+def test_main_exits_2_without_traceback(override, key, tmp_path):
+    _skip_if_logger_installed(override)
+    if override.startswith("resources.use_gpu"):
+        import torch
+
+        if torch.cuda.is_available():
+            pytest.skip("this machine has GPUs")
     env = {**os.environ, "PYTHONPATH": str(REPO), "RAY_ADDRESS": "", "CUDA_VISIBLE_DEVICES": ""}
+    out_dir = tmp_path / "outputs"
     t0 = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", "rlframe.main", override], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=60)
+    proc = subprocess.run([sys.executable, "-m", "rlframe.main", *override.split(), f"trainer.output_dir={out_dir}"],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
     elapsed = time.perf_counter() - t0
     assert proc.returncode == 2, proc.stderr
     assert "Traceback" not in proc.stderr and "Started a local Ray" not in proc.stderr + proc.stdout, proc.stderr
     first = proc.stderr.splitlines()[1]  # "rlframe: invalid configuration:" then one line per problem
     assert first.startswith(f"  - {key}"), proc.stderr
     assert elapsed < LIMIT_S, elapsed
+    # nothing written: no run directory, so no config.yaml, run.lock or metrics of a run that never started
+    assert not out_dir.exists(), sorted(str(p) for p in out_dir.rglob("*"))
+
+
+def test_a_config_error_never_reaches_run_training(tmp_path, monkeypatch):
+    """main validates first and only then calls run_training, which writes config.yaml (and takes the
+    run directory's lock): a config error leaves the output directory untouched."""
+    import rlframe.controller.trainers as trainers
+    from rlframe.main import main
+
+    calls = []
+    monkeypatch.setattr(trainers, "run_training", lambda cfg, **kw: calls.append(cfg) or {})
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    out_dir = tmp_path / "outputs"
+    for bad in ("reward.function_path=/no/such.py", "agent.enabled=true agent.builtin_tools=[search]",
+                f"reward.function_path={USER_FILES}/reward_fns.py reward.function_name=no_such_fn"):
+        assert main([*bad.split(), f"trainer.output_dir={out_dir}"]) == 2, bad
+    assert calls == [] and not out_dir.exists()
+    # the same main with a sound config does reach run_training (so the check above is not vacuous)
+    assert main([f"trainer.output_dir={out_dir}", "trainer.loggers=[console]"]) == 0
+    assert len(calls) == 1
 
 
 def test_lr_schedule_choices_match_the_engine():

@@ -229,15 +229,11 @@ def build_agent_loop(cfg, tokenizer) -> AgentLoop:
     are answered with an error, status too_many_calls) and agent.max_tool_seconds_per_trajectory."""
     from rlframe.agents.calls import check_neutralized
     from rlframe.agents.sandbox import ToolRunner
-    from rlframe.agents.tools import load_tools
+    from rlframe.agents.tools import check_tool_budget, load_tools
 
     agent = cfg.agent
     tools = load_tools(agent.tools_path, builtin=tuple(agent.builtin_tools))
-    slow = {t.name: t.timeout_s for t in tools.values() if t.timeout_s > agent.max_tool_seconds_per_trajectory}
-    if slow:
-        raise ValueError(f"tools {slow} may run longer (timeout_s) than a trajectory's whole tool time, "
-                         f"agent.max_tool_seconds_per_trajectory={agent.max_tool_seconds_per_trajectory}; lower "
-                         "their timeout_s or raise the budget")
+    check_tool_budget(tools, agent.max_tool_seconds_per_trajectory)  # validate.py checks it before Ray too
     check_neutralized(tokenizer)
     runner = ToolRunner(tools, max_result_chars=agent.max_result_chars)
     return AgentLoop(tokenizer, runner, max_turns=agent.max_turns, response_length=cfg.data.response_length,
