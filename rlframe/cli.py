@@ -7,6 +7,7 @@
     rlframe logs JOB_ID [--follow] [--tail N]
     rlframe metrics JOB_ID [--name critic/score/mean]
     rlframe stop JOB_ID
+    rlframe export CHECKPOINT_DIR OUT_DIR [--merge-lora]  # a checkpoint as an HF model directory (here, on CPU)
 
 The cluster is `--address` (the dashboard URL), else RAY_API_SERVER_ADDRESS, else
 http://127.0.0.1:8265; see docs/jobs.md. Exit codes: 0 success, 1 the job failed or was stopped,
@@ -54,6 +55,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("job_id")
     p.add_argument("--name", default=None, help="only this metric, as `step value` lines")
     _add_address(p)
+    p = sub.add_parser("export", help="write a checkpoint as a Hugging Face model directory (CPU, no Ray)",
+                       description="Export a run checkpoint (outputs/<experiment>/checkpoints/step_NNNNNN, or one "
+                       "of its role directories) to a directory transformers and vLLM load: config, tokenizer, "
+                       "safetensors weights. The checkpoint is verified against its manifest first (docs/checkpoints.md).")
+    p.add_argument("checkpoint_dir", help="checkpoints/step_NNNNNN of a run, or an engine checkpoint directory")
+    p.add_argument("out_dir", help="the HF directory to write (must not exist or be empty, unless --overwrite)")
+    p.add_argument("--role", default="actor", help="which role of a run checkpoint to export (default: actor)")
+    p.add_argument("--merge-lora", action="store_true",
+                   help="LoRA checkpoints: write the merged model (default: PEFT's adapter directory)")
+    p.add_argument("--model-path", default=None,
+                   help="the model the run started from (config, tokenizer, LoRA base), when it is no longer at "
+                   "the model_path recorded in the checkpoint's layout.json")
+    p.add_argument("--overwrite", action="store_true", help="replace a non-empty OUT_DIR")
     return parser
 
 
@@ -116,8 +130,18 @@ def _cmd_stop(args) -> int:
     return 0
 
 
+def _cmd_export(args) -> int:
+    from rlframe.export import export_checkpoint
+
+    done = export_checkpoint(args.checkpoint_dir, args.out_dir, role=args.role, merge_lora=args.merge_lora,
+                             model_path=args.model_path, overwrite=args.overwrite)
+    print(f"rlframe: exported {done['checkpoint']} ({done['backend']} {done['layout']}) as a {done['kind']} "
+          f"to {done['out_dir']}")
+    return 0
+
+
 COMMANDS = {"submit": _cmd_submit, "status": _cmd_status, "logs": _cmd_logs, "metrics": _cmd_metrics,
-            "stop": _cmd_stop}
+            "stop": _cmd_stop, "export": _cmd_export}
 
 
 def main(argv: list[str] | None = None) -> int:
