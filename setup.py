@@ -34,6 +34,10 @@ EXTRAS = {
     # when importable, else sdpa) builds against the installed torch, so it is not pinned here:
     # `pip install flash-attn --no-build-isolation` after this extra.
     "gpu": ["vllm==0.32.0", "megatron-core==0.16.1"],
+    # Optional metric sinks for trainer.loggers (rlframe/controller/trainers/tracking.py); a config naming
+    # one whose package is missing is refused before Ray starts, saying to install the extra.
+    "wandb": ["wandb"],
+    "mlflow": ["mlflow"],
     # megatron-core installs from a 2.6 MB wheel without CUDA: on CPU the tests build its models and
     # check the HF conversion (its layers need CUDA to run forward).
     "test": ["pytest>=8", "pytest-timeout", "nbclient", "nbformat", "ipykernel", "megatron-core==0.16.1",
