@@ -4,7 +4,11 @@ Layout of a checkpoint directory:
   model_optim/      DCP shards of the model and optimizer state (each rank writes its own shards;
                     DCP records global offsets, so they describe themselves); the megatron engine
                     writes its own per-rank files instead (see engines/megatron/checkpoint.py)
-  engine_state.pt   scheduler state, optimizer step count, torch RNG state of rank 0
+  engine_state.pt   scheduler state, optimizer step count
+  rng/rank_NNNNN.pt every rank's own RNG states (torch CPU, CUDA where used, numpy, python, and the
+                    engine's own generators such as megatron-core's model-parallel tracker); each
+                    rank gets its own back on load (a rank whose file is missing, after the number
+                    of ranks grew, keeps its seeded state and says so)
   layout.json       dp, tp, head and model path of the engine that wrote it, and its LoRA settings
                     (null without LoRA). A LoRA engine's model_optim/ holds only the trainable
                     parameters (adapters, a critic's value head) and their optimizer state: the
@@ -131,6 +135,53 @@ def check_shared_storage(tmp: str, *, is_first: bool, group) -> None:
             "(docs/checkpoints.md)")
 
 
+RNG_DIR = "rng"
+
+
+def _rng_file(root: str, rank: int) -> str:
+    return os.path.join(root, RNG_DIR, f"rank_{rank:05d}.pt")
+
+
+def rank_rng_state(engine) -> dict:
+    """This rank's RNG states as tensors and plain values (loadable with weights_only=True)."""
+    import random
+
+    import numpy as np
+
+    np_kind, np_keys, np_pos, np_has_gauss, np_gauss = np.random.get_state()
+    py_version, py_state, py_gauss = random.getstate()
+    state = {"torch": torch.get_rng_state(),
+             "numpy": {"kind": np_kind, "keys": torch.from_numpy(np_keys.astype(np.int64)), "pos": int(np_pos),
+                       "has_gauss": int(np_has_gauss), "cached_gaussian": float(np_gauss)},
+             "python": {"version": py_version, "state": torch.tensor(py_state, dtype=torch.int64),
+                        "gauss_next": py_gauss}}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state()
+    extra = getattr(engine, "extra_rng_state", None)
+    if extra is not None:
+        state["engine"] = extra()
+    return state
+
+
+def restore_rank_rng(engine, state: dict) -> None:
+    import random
+
+    import numpy as np
+
+    torch.set_rng_state(state["torch"])
+    if "numpy" in state:
+        n = state["numpy"]
+        np.random.set_state((n["kind"], n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"],
+                             n["cached_gaussian"]))
+    if "python" in state:
+        py = state["python"]
+        random.setstate((py["version"], tuple(int(x) for x in py["state"].tolist()), py["gauss_next"]))
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state(state["cuda"])
+    if "engine" in state and getattr(engine, "load_extra_rng_state", None) is not None:
+        engine.load_extra_rng_state(state["engine"])
+
+
 def save_atomically(engine, path: str, *, barrier, write_state, group=None) -> None:
     """The atomic skeleton every backend shares: `write_state(tmp_dir)` runs on every rank (it writes
     the model and optimizer shards), rank 0 adds engine_state.pt and layout.json, the ranks of `group`
@@ -142,8 +193,11 @@ def save_atomically(engine, path: str, *, barrier, write_state, group=None) -> N
     barrier()
     check_shared_storage(tmp, is_first=engine.is_first_rank, group=group)
     write_state(tmp)
+    rank = _rank_world(group)[0]
+    os.makedirs(os.path.join(tmp, RNG_DIR), exist_ok=True)
+    torch.save(rank_rng_state(engine), _rng_file(tmp, rank))  # every rank its own
     if engine.is_first_rank:
-        torch.save({**engine.engine_state(), "rng": torch.get_rng_state()}, os.path.join(tmp, "engine_state.pt"))
+        torch.save(engine.engine_state(), os.path.join(tmp, "engine_state.pt"))
         with open(os.path.join(tmp, "layout.json"), "w") as f:
             json.dump(engine.layout_meta(), f, indent=1)
     barrier()
@@ -220,10 +274,22 @@ def load_tensors(file: str, *, map_location=None):
     return load_weights_only(file, what=file, map_location=map_location)
 
 
-def load_engine_state(engine, path: str) -> None:
+def load_engine_state(engine, path: str, *, group=None) -> None:
+    """The engine's state (scheduler, step count), then this rank's own RNG states. A checkpoint of an
+    older version holds only rank 0's torch state, in engine_state.pt: every rank gets that one."""
     extra = load_tensors(os.path.join(path, "engine_state.pt"))
     engine.load_engine_state(extra)
-    torch.set_rng_state(extra["rng"])
+    rank = _rank_world(group)[0]
+    mine = _rng_file(path, rank)
+    if os.path.isfile(mine):
+        restore_rank_rng(engine, load_tensors(mine))
+    elif "rng" in extra:
+        torch.set_rng_state(extra["rng"])
+    elif os.path.isdir(os.path.join(path, RNG_DIR)):
+        import warnings
+
+        warnings.warn(f"{path}: no RNG state for rank {rank} (written by fewer ranks); this rank keeps its "
+                      "seeded RNG state", stacklevel=2)
 
 
 def save_checkpoint(engine, path: str, *, barrier, process_group) -> None:
@@ -247,7 +313,7 @@ def load_checkpoint(engine, path: str, *, process_group) -> None:
     dcp.load(state, storage_reader=reader, planner=SafeLoadPlanner(), process_group=process_group)
     set_state_dict(engine.model, engine.optimizer, model_state_dict=state["model"],
                    optim_state_dict=state["optim"], options=options)
-    load_engine_state(engine, path)
+    load_engine_state(engine, path, group=process_group)
 
 
 def gather_full_state(model) -> dict[str, torch.Tensor]:

@@ -276,5 +276,20 @@ class FSDPTrainEngine(BatchedForward, TrainEngine):
         return {"scheduler": self.scheduler.state_dict(), "steps": self.steps}
 
     def load_engine_state(self, state: dict[str, Any]) -> None:
+        """The schedule's position and the step count come from the checkpoint; the optimizer's
+        hyper-parameters (lr, weight decay, betas, eps) and the schedule's shape from this engine's
+        config, as the megatron engine does: a learning rate changed for a resumed run applies from
+        its next step (the loaded optimizer state and LambdaLR's saved base LRs hold the old ones)."""
         self.scheduler.load_state_dict(state["scheduler"])
         self.steps = int(state["steps"])
+        self._apply_config_hyperparameters()
+
+    def _apply_config_hyperparameters(self) -> None:
+        cfg, sched = self.config, self.scheduler
+        sched.base_lrs = [float(cfg.lr)] * len(self.optimizer.param_groups)
+        lrs = [base * fn(sched.last_epoch) for base, fn in zip(sched.base_lrs, sched.lr_lambdas)]
+        for group, lr in zip(self.optimizer.param_groups, lrs):
+            decays = any(p.dim() >= 2 for p in group["params"])  # as build_optimizer groups them
+            group.update(lr=lr, initial_lr=float(cfg.lr), weight_decay=cfg.weight_decay if decays else 0.0,
+                         betas=tuple(cfg.betas), eps=cfg.eps)
+        sched._last_lr = lrs

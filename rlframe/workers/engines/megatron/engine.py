@@ -284,8 +284,27 @@ class MegatronTrainEngine(BatchedForward, TrainEngine):
         return {"steps": self.steps}
 
     def load_engine_state(self, state: dict[str, Any]) -> None:
+        """The step count (the schedule's position) comes from the checkpoint; lr and weight decay
+        (`_set_lr`), betas and eps from this engine's config, as in the fsdp engine."""
         self.steps = int(state["steps"])
+        for group in self.optimizer.param_groups:
+            if "betas" in group:
+                group["betas"] = tuple(self.config.betas)
+            if "eps" in group:
+                group["eps"] = self.config.eps
         self._set_lr()
+
+    def extra_rng_state(self) -> dict:
+        """megatron-core's model-parallel RNG tracker (dropout inside tensor-parallel regions), per rank."""
+        from megatron.core import tensor_parallel
+
+        return {"tracker": tensor_parallel.get_cuda_rng_tracker().get_states()}
+
+    def load_extra_rng_state(self, state: dict) -> None:
+        from megatron.core import tensor_parallel
+
+        if state.get("tracker"):
+            tensor_parallel.get_cuda_rng_tracker().set_states(state["tracker"])
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         return mckpt.gather_full_state(self)
