@@ -136,10 +136,11 @@ class FixedKLController:
         """No change."""
 
     def state_dict(self) -> dict:
-        return {"value": self.value}
+        return {"kind": "fixed", "value": self.value}
 
     def load_state_dict(self, state: dict) -> None:
-        self.value = float(state["value"])
+        """Nothing to restore: a fixed coefficient is a setting, not state, so the value this
+        controller was made with (the config's, on a resume) stays, whatever the checkpoint held."""
 
 
 class AdaptiveKLController:
@@ -167,9 +168,17 @@ class AdaptiveKLController:
         self.value *= 1.0 + error * n_steps / self.horizon
 
     def state_dict(self) -> dict:
-        return {"value": self.value}
+        return {"kind": "adaptive", "value": self.value, "target_kl": self.target_kl, "horizon": self.horizon}
 
     def load_state_dict(self, state: dict) -> None:
+        """Continue from the saved coefficient when it steered to the same target (a checkpoint of an
+        older version, without a target, counts as the same); a changed target, or a saved fixed
+        controller, restarts from the initial coefficient this controller was made with. The horizon
+        is a setting: this controller's applies."""
+        if state.get("kind", "adaptive") != "adaptive":
+            return
+        if "target_kl" in state and float(state["target_kl"]) != self.target_kl:
+            return
         self.value = float(state["value"])
 
 

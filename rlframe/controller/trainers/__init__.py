@@ -1,7 +1,9 @@
 """Trainers: the algorithms as dataflows over worker groups (driver side).
 
-`run_training(cfg)` builds the trainer `algorithm.name` selects, runs it in a fresh run directory
-(`<trainer.output_dir>/<trainer.experiment>`) and prints the summary.
+`run_training(cfg)` builds the trainer `algorithm.name` selects, runs it in its run directory
+(`<trainer.output_dir>/<trainer.experiment>`) and prints the summary. Before Ray or any worker
+starts it locks the directory (run_lock.py: one live run per directory) and claims it for this run
+(run_identity.py: a directory holding another run's files is refused, exit code 2).
 """
 
 from __future__ import annotations
@@ -39,17 +41,29 @@ def _trainer_and_restarts(cfg: RunConfig):
 
 
 def run_training(cfg: RunConfig, *, config_name: str = "") -> dict:
-    import os
-
     import yaml
+
+    from rlframe.controller.trainers.run_identity import claim_run
+    from rlframe.controller.trainers.run_lock import RunLock
+
+    run_dir = Path(cfg.trainer.output_dir) / cfg.trainer.experiment
+    lock = RunLock(run_dir).acquire()  # RunLocked (exit code 2) while another live process runs here
+    try:
+        claim_run(run_dir, cfg)  # RunDirConflict (exit code 2): the directory holds another run's files
+        (run_dir / "config.yaml").write_text(yaml.safe_dump({"config_name": config_name, **to_dict(cfg)},
+                                                            sort_keys=False))
+        return _run_locked(cfg, run_dir)
+    finally:
+        lock.release()
+
+
+def _run_locked(cfg: RunConfig, run_dir: Path) -> dict:
+    import os
 
     from rlframe.controller import startup
     from rlframe.controller.ray_utils import start_ray_for_run
     from rlframe.controller.trainers.prelaunch import discard_launched, import_in_background, launch_hosts
 
-    run_dir = Path(cfg.trainer.output_dir) / cfg.trainer.experiment
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.yaml").write_text(yaml.safe_dump({"config_name": config_name, **to_dict(cfg)}, sort_keys=False))
     startup.reset()
     startup.mark("python, imports, config")
     importer = import_in_background(_trainer_and_restarts, cfg)  # while Ray starts (prelaunch.py)

@@ -13,13 +13,16 @@ Damage after the rename (a truncated or changed file) is caught by the manifest:
 - an explicit `trainer.resume=PATH` that fails raises CheckpointDamaged (a ValueError) naming them;
 - retention deletes old checkpoints only behind the newest verified one: a new checkpoint is verified
   after its rename, and the newest verified checkpoint is kept whatever `keep_checkpoints` says.
+
+Bound to a run (`bind`, run_identity.RunRecord), the manager writes the run's record and the resolved
+config into every checkpoint (`run.json`), and sees only that run's checkpoints: resume=auto continues
+from, and retention deletes, this run's checkpoints only; another run's are never touched.
 """
 
 from __future__ import annotations
 
 import json
 import random
-import re
 import shutil
 import warnings
 from pathlib import Path
@@ -27,9 +30,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from rlframe.controller.trainers import run_identity
 from rlframe.utils import manifest
 
-_STEP_RE = re.compile(r"^step_(\d{6,})$")
 STATE_FILE = "trainer_state.json"
 
 
@@ -48,19 +51,47 @@ def restore_driver_rng(state: dict) -> None:
 
 
 class CheckpointManager:
-    def __init__(self, run_dir: Path, *, keep: int):
-        self.root = Path(run_dir) / "checkpoints"
+    def __init__(self, run_dir: Path, *, keep: int, run: run_identity.RunRecord | None = None,
+                 config: dict | None = None):
+        self.run_dir = Path(run_dir)
+        self.root = self.run_dir / "checkpoints"
         self.keep = max(1, keep)
+        self.run, self.config = run, config
+
+    def bind(self, run: run_identity.RunRecord, *, config: dict | None = None) -> None:
+        """From now on: checkpoints record `run` and `config`; only `run`'s are listed, resumed, pruned."""
+        self.run, self.config = run, config
+
+    def all_complete(self) -> list[tuple[int, Path]]:
+        """Every complete checkpoint in the directory, whichever run wrote it."""
+        return run_identity.complete_checkpoints(self.run_dir)
+
+    def _attempt(self, path: Path) -> int | None:
+        return run_identity.checkpoint_attempt(self.run, Path(path), run_identity.checkpoint_run_info(path))
+
+    def is_own(self, path: Path) -> bool:
+        """Written by the bound run, this start or an earlier one (every checkpoint is, while no run is bound)."""
+        return self.run is None or self._attempt(path) is not None
 
     def complete(self) -> list[tuple[int, Path]]:
-        if not self.root.is_dir():
+        """This run's complete checkpoints of its current start (trainer.resume=off starts over), oldest first."""
+        if self.run is None:
+            return self.all_complete()
+        return [(step, p) for step, p in self.all_complete() if self._attempt(p) == self.run.attempt]
+
+    def superseded(self) -> list[Path]:
+        """This run's checkpoints of a start before trainer.resume=off started it over."""
+        if self.run is None:
             return []
-        found = []
-        for p in self.root.iterdir():
-            m = _STEP_RE.match(p.name)
-            if m and (p / STATE_FILE).is_file():
-                found.append((int(m.group(1)), p))
-        return sorted(found)
+        return [p for _, p in self.all_complete() if self._attempt(p) not in (None, self.run.attempt)]
+
+    def others(self) -> list[Path]:
+        """Complete checkpoints of other runs in the directory (never resumed from, never deleted)."""
+        return [p for _, p in self.all_complete() if not self.is_own(p)]
+
+    def run_info(self, path: Path) -> dict | None:
+        """The run record and config a checkpoint was written with (None: written before they were)."""
+        return run_identity.checkpoint_run_info(path)
 
     def newest_verified(self, *, warn: bool = True) -> Path | None:
         """The newest complete checkpoint whose files match its manifest (newer ones that do not are
@@ -91,6 +122,15 @@ class CheckpointManager:
         if resume == "off":
             return None
         if resume == "auto":
+            from rlframe.controller.trainers.tracking import say
+
+            others, superseded = self.others(), self.superseded()
+            if others:
+                say(f"ignoring {len(others)} checkpoint(s) of other runs in {self.root} (kept, never resumed "
+                    f"from): {', '.join(p.name for p in others)}; trainer.resume=PATH continues from one explicitly")
+            if superseded:
+                say(f"ignoring {len(superseded)} checkpoint(s) of this run from before trainer.resume=off started it "
+                    f"over: {', '.join(p.name for p in superseded)}")
             return self.latest()
         return check_resume_path(resume, self.complete())
 
@@ -102,9 +142,22 @@ class CheckpointManager:
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
         save_roles(tmp)
+        if self.run is not None:  # who wrote it, with which settings (run_identity.py)
+            (tmp / run_identity.RUN_FILE).write_text(json.dumps(
+                {"run_id": self.run.run_id, "attempt": self.run.attempt, "identity": self.run.identity,
+                 "config": self.config}))
         (tmp / STATE_FILE).write_text(json.dumps({"step": step, **state}))
         manifest.write_manifest(tmp)
+        from rlframe.controller.trainers import run_lock
+
+        run_lock.check_held(self.run_dir)  # a run that lost its directory's lock writes nothing more there
         if final.exists():  # the same step saved before (e.g. a resumed run): replace it whole
+            if not self.is_own(final):
+                shutil.rmtree(tmp, ignore_errors=True)
+                raise run_identity.RunDirConflict(
+                    f"{final} was written by another run ({(self.run_info(final) or {}).get('run_id', 'unknown')}); "
+                    "this run does not overwrite it. Move it out of the run directory, or give this run its own "
+                    "trainer.experiment")
             shutil.rmtree(final)
         tmp.rename(final)
         self._prune()
@@ -114,16 +167,18 @@ class CheckpointManager:
         return json.loads((Path(path) / STATE_FILE).read_text())
 
     def _prune(self) -> None:
-        """Keep the `keep` newest checkpoints and, if it is not among them, the newest one that
-        verifies (read back from disk now); delete the rest."""
+        """Keep this run's `keep` newest checkpoints and, if it is not among them, its newest one that
+        verifies (read back from disk now); delete this run's others, and once one of this start
+        verifies, the checkpoints of the run's earlier starts (trainer.resume=off). Other runs' are
+        never deleted."""
         done = self.complete()
         keep = {p for _, p in done[-self.keep:]}
         verified = self.newest_verified()
         if verified is not None:
             keep.add(verified)
-        for _, p in done:
-            if p not in keep:
-                shutil.rmtree(p, ignore_errors=True)
+        doomed = [p for _, p in done if p not in keep] + (self.superseded() if verified is not None else [])
+        for p in doomed:
+            shutil.rmtree(p, ignore_errors=True)
 
 
 def check_resume_path(resume: str, known: list[tuple[int, Path]] = ()) -> Path:

@@ -289,22 +289,36 @@ class PPOTrainer:
         self.ckpt.save(self.step, save_roles=save_roles, state=state)
 
     def resume(self) -> None:
+        """Continue from the checkpoint trainer.resume names (auto: this run's newest that verifies).
+        What the user set applies (docs/checkpoints.md, "Resume policy"): the checkpoint gives the
+        weights, optimizer moments, schedule position, data position, RNG states and an adaptive KL
+        controller's coefficient; learning rates, a fixed KL coefficient and total_steps come from
+        the config, each change said in one line."""
+        from rlframe.controller.trainers.run_identity import claim_run, config_dict, resume_changes
+
+        # this run's record (refuses a directory of another run); checkpoints record it and the config
+        self.ckpt.bind(claim_run(self.run_dir, self.cfg), config=config_dict(self.cfg))
         path = self.ckpt.resolve(self.cfg.trainer.resume)
         if path is None:  # a fresh run: lines a previous run left in metrics.jsonl are dropped
             self.tracker.resume_history(-1)
             return
         state = self.ckpt.load_state(path)
+        for line in resume_changes(self.ckpt.run_info(path), self.cfg, checkpoint=path):
+            say(line)
         self.roles.actor.load_checkpoint(str(path / "actor"))
         if self.roles.critic is not None:
             self.roles.critic.load_checkpoint(str(path / "critic"))
         self.loader.load_state_dict(state["dataloader"])
-        self.kl_ctrl.load_state_dict(state["kl_ctrl"])
+        self.kl_ctrl.load_state_dict(state["kl_ctrl"])  # fixed: the config's; adaptive: kept unless kl_target changed
         restore_driver_rng(state["rng"])
         if self.partial is not None:
             self.partial.load_state_dict(state.get("partial_rollouts", {"started": 0, "completed_first": 0, "pool": []}))
         self.step = int(state["step"])
         self.tracker.resume_history(self.step)
         print(f"resumed from {path} at step {self.step}", flush=True)
+        if self.step >= self.cfg.trainer.total_steps:
+            say(f"the checkpoint is at step {self.step}, trainer.total_steps={self.cfg.trainer.total_steps}: "
+                "no step left to train (raise trainer.total_steps to continue)")
 
     def finish(self) -> dict:
         summary = {"run_dir": str(self.run_dir), "steps": self.step}

@@ -8,9 +8,10 @@
                ... at most `trainer.max_restarts` times, then WorkerRestartsExhausted with the history.
 
 With no checkpoint written yet, the restart begins where the first attempt began (its own
-`trainer.resume`). The resumed attempt reproduces the uninterrupted run's metrics, as a resumed
-process does (tests/controller/trainers/test_resume.py): model, optimizer, dataloader and RNG
-states all come from the checkpoint.
+`trainer.resume`). Only this run's checkpoints count (run_identity.py), and the run directory's
+lock (run_lock.py) stays held by the driver across restarts. The resumed attempt reproduces the
+uninterrupted run's metrics, as a resumed process does (tests/controller/trainers/test_resume.py):
+model, optimizer, dataloader and RNG states all come from the checkpoint.
 """
 
 from __future__ import annotations
@@ -73,7 +74,7 @@ def _newest_checkpoint_since(trainer, since: float):
     ckpt = getattr(trainer, "ckpt", None)
     if ckpt is None:
         return None
-    fresh = [path for _, path in ckpt.complete() if path.stat().st_mtime >= since]
+    fresh = [path for _, path in ckpt.complete() if path.stat().st_mtime >= since]  # this run's only
     return fresh[-1] if fresh else None
 
 
