@@ -333,12 +333,12 @@ def _model_dir_problem(key: str, model_dir: str | None, fix: str, *, hf_config: 
     p = Path(model_dir).expanduser()
     if (p / "config.json").is_file():
         return None
-    what = "does not exist" if not p.exists() else ("is not a directory" if not p.is_dir() else
-                                                     "has no config.json (not an HF model directory)")
-    note = (" (model.hf_config stands in for config.json only in a dry run, trainer.dry_run=true)"
+    what = "the directory does not exist" if not p.exists() else (
+        "it is not a directory" if not p.is_dir() else "not an HF model directory")
+    note = ("; model.hf_config stands in for config.json only in a dry run (trainer.dry_run=true)"
             if hf_config and key == "model.path" else "")
-    return (f"{key}={model_dir!r} {what}{note}; point it at a local save_pretrained directory (one holding "
-            f"config.json and the weights) on this machine, {fix}")
+    return (f"{key}={model_dir!r} has no config.json ({what}){note}; point it at a local save_pretrained "
+            f"directory (one holding config.json and the weights) on this machine, {fix}")
 
 
 def _check_reward_function(cfg: RunConfig, out: list[str]) -> None:

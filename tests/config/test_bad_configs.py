@@ -131,9 +131,9 @@ CASES = [
      "tokenizer.save_pretrained(path)"),
     ("trainer.resume=/no/such/ckpt", "trainer.resume='/no/such/ckpt'", "trainer.resume=auto"),
     # model.hf_config (shapes for dry runs) does not stand in for the weights of a real run
-    ("model.path=/no/such/model model.hf_config={model_type:llama}", "model.path='/no/such/model' does not exist",
-     "only in a dry run"),
-    ("model.critic_path=/no/such/critic", "model.critic_path='/no/such/critic' does not exist",
+    ("model.path=/no/such/model model.hf_config={model_type:llama}",
+     "model.path='/no/such/model' has no config.json (the directory does not exist)", "only in a dry run"),
+    ("model.critic_path=/no/such/critic", "model.critic_path='/no/such/critic' has no config.json",
      "model.critic_path=null"),
     (f"model.critic_path={REPO}/tests/config", "has no config.json", "model.critic_path=null"),
     # user files, imported and checked before Ray
@@ -216,7 +216,7 @@ def test_bad_config_fails_fast_naming_key_and_fix(overrides, key, fix, monkeypat
     ("trainer.loggers=[console,mlflow]", "trainer.loggers="),
     # a cluster config on a machine without its weights: the model, not the node count
     ("--config-name ppo_llama70b data.task=arithmetic data.train_files=[] data.val_files=[]",
-     "model.path='/models/Meta-Llama-3-70B-Instruct' does not exist"),
+     "model.path='/models/Meta-Llama-3-70B-Instruct' has no config.json"),
 ])
 def test_main_exits_2_without_traceback(override, key, tmp_path):
     _skip_if_logger_installed(override)
