@@ -39,7 +39,9 @@ def main(argv: list[str] | None = None) -> int:
     from rlframe.controller.startup import check_cpu_precision
     from rlframe.controller.preflight.checks import InvariantViolation
     from rlframe.controller.trainers import run_training
+    from rlframe.controller.trainers.checkpoint import CheckpointWriteFailed
     from rlframe.controller.trainers.nonfinite import NonFiniteTrainingError
+    from rlframe.controller.trainers.preemption import Preempted
     from rlframe.controller.trainers.restart import WorkerRestartsExhausted
     from rlframe.rewards.manager import RewardErrorsExceeded
 
@@ -50,9 +52,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"rlframe: {err}", file=sys.stderr)
         return 2
     except (NonFiniteTrainingError, WorkerRestartsExhausted, InvariantViolation,
-            RewardErrorsExceeded) as err:  # metrics so far are in the run directory
+            RewardErrorsExceeded, CheckpointWriteFailed) as err:  # metrics so far are in the run directory
         print(f"rlframe: {err}", file=sys.stderr)
         return 1
+    except Preempted as stop:  # SIGTERM / SIGINT: checkpointed at a step boundary (preemption.py)
+        print(f"rlframe: {stop.line}", file=sys.stderr, flush=True)
+        return stop.code
     return 0
 
 

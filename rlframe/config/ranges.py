@@ -43,9 +43,10 @@ def within(lo, hi, *, open_lo: bool = False, open_hi: bool = False, why: str = "
 
 
 POSITIVE_INT = at_least(1)
-# rlframe.workers.engines.base.LR_SCHEDULES (a test keeps them equal): importing the engine would
-# import torch, and a range error must be reported before that second is spent.
+# The engines' choices, defined here (the engines import them): importing an engine would import
+# torch, and a config error must be reported before that second is spent.
 LR_SCHEDULES = ("constant", "cosine")
+PRECISIONS = ("auto", "fp32", "bf16")
 
 _TRAIN_ROLE = {
     "dp": POSITIVE_INT, "tp": POSITIVE_INT, "pp": POSITIVE_INT,
@@ -110,6 +111,8 @@ RANGES: dict[str, Rule] = {
     "trainer.total_steps": POSITIVE_INT,
     "trainer.val_every": at_least(0, " (0: no validation)"),
     "trainer.save_every": at_least(0, " (0: only at the end)"),
+    "trainer.save_every_minutes": at_least(0, " (minutes between checkpoints; 0: off)"),
+    "trainer.preempt_grace_s": at_least(0, " (seconds a preempted run has to checkpoint)"),
     "trainer.keep_checkpoints": POSITIVE_INT,
     "trainer.seed": at_least(0),
     "trainer.max_restarts": at_least(0, " (0: a dead worker ends the run)"),
@@ -129,7 +132,6 @@ def _choices() -> dict[str, tuple]:
     from rlframe.data.synthetic import TASKS
     from rlframe.data.tool_task import DATA_SOURCE as TOOL_TASK
     from rlframe.data.tiny_model import PRESETS
-    from rlframe.workers.engines.base import PRECISIONS
 
     roles = {f"{r}.{k}": v for r in ("actor", "critic") for k, v in
              (("strategy", ("fsdp", "megatron")), ("lr_schedule", LR_SCHEDULES), ("precision", PRECISIONS))}

@@ -184,6 +184,12 @@ class TrainerConfig:
     total_steps: int = 20
     val_every: int = 5
     save_every: int = 0  # 0: only at the end
+    # also a checkpoint whenever this many minutes passed since the last (0: off): a crash, OOM or lost
+    # node then costs at most this much work
+    save_every_minutes: float = 30.0
+    # SIGTERM/SIGINT: the step in flight finishes and a checkpoint is written if it fits in this many
+    # seconds from the signal (schedulers' grace periods: SLURM 30-60 s, Kubernetes 30 s by default)
+    preempt_grace_s: float = 30.0
     keep_checkpoints: int = 2
     resume: str = "auto"  # auto | off | a checkpoint path
     output_dir: str = "outputs"

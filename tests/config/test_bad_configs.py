@@ -257,10 +257,3 @@ def test_a_config_error_never_reaches_run_training(tmp_path, monkeypatch):
     # the same main with a sound config does reach run_training (so the check above is not vacuous)
     assert main([f"trainer.output_dir={out_dir}", "trainer.loggers=[console]"]) == 0
     assert len(calls) == 1
-
-
-def test_lr_schedule_choices_match_the_engine():
-    from rlframe.config.ranges import LR_SCHEDULES
-    from rlframe.workers.engines.base import LR_SCHEDULES as ENGINE_SCHEDULES
-
-    assert LR_SCHEDULES == ENGINE_SCHEDULES

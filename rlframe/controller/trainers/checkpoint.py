@@ -34,6 +34,13 @@ from rlframe.controller.trainers import run_identity
 from rlframe.utils import manifest
 
 STATE_FILE = "trainer_state.json"
+PARTIAL_PREFIX = ".tmp-"
+
+
+class CheckpointWriteFailed(RuntimeError):
+    """A checkpoint could not be written (a full disk, most often): its partial directory is removed,
+    the earlier checkpoints are intact; the message is one line naming the directory, the bytes needed
+    and free, and the newest intact checkpoint."""
 
 
 def driver_rng_state() -> dict:
@@ -59,8 +66,20 @@ class CheckpointManager:
         self.run, self.config = run, config
 
     def bind(self, run: run_identity.RunRecord, *, config: dict | None = None) -> None:
-        """From now on: checkpoints record `run` and `config`; only `run`'s are listed, resumed, pruned."""
+        """From now on: checkpoints record `run` and `config`; only `run`'s are listed, resumed, pruned.
+        Partial directories an earlier attempt left (it died writing) are removed: the run directory's
+        lock means no other live process is writing them, and nothing ever reads them."""
         self.run, self.config = run, config
+        self.remove_partial()
+
+    def remove_partial(self) -> list[Path]:
+        from rlframe.controller.trainers.tracking import say
+
+        partial = sorted(self.root.glob(PARTIAL_PREFIX + "*")) if self.root.is_dir() else []
+        for p in partial:
+            shutil.rmtree(p, ignore_errors=True)
+            say(f"removed {p}: a checkpoint an earlier attempt did not finish writing")
+        return partial
 
     def all_complete(self) -> list[tuple[int, Path]]:
         """Every complete checkpoint in the directory, whichever run wrote it."""
@@ -138,16 +157,23 @@ class CheckpointManager:
         """`save_roles(tmp_dir)` makes the workers write their shards under tmp_dir; then the
         driver's state and the manifest go in last and the directory is renamed into place."""
         final = self.root / f"step_{step:06d}"
-        tmp = self.root / f".tmp-{final.name}"
+        tmp = self.root / f"{PARTIAL_PREFIX}{final.name}"
         shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
-        save_roles(tmp)
-        if self.run is not None:  # who wrote it, with which settings (run_identity.py)
-            (tmp / run_identity.RUN_FILE).write_text(json.dumps(
-                {"run_id": self.run.run_id, "attempt": self.run.attempt, "identity": self.run.identity,
-                 "config": self.config}))
-        (tmp / STATE_FILE).write_text(json.dumps({"step": step, **state}))
-        manifest.write_manifest(tmp)
+        need = self._check_space(step)
+        try:
+            tmp.mkdir(parents=True)
+            save_roles(tmp)
+            if self.run is not None:  # who wrote it, with which settings (run_identity.py)
+                (tmp / run_identity.RUN_FILE).write_text(json.dumps(
+                    {"run_id": self.run.run_id, "attempt": self.run.attempt, "identity": self.run.identity,
+                     "config": self.config}))
+            (tmp / STATE_FILE).write_text(json.dumps({"step": step, **state}))
+            manifest.write_manifest(tmp)
+        except Exception as err:
+            shutil.rmtree(tmp, ignore_errors=True)  # never left behind to fill the disk or be tripped over
+            if not _out_of_space(err):
+                raise  # e.g. a worker died: the restart logic handles it
+            raise CheckpointWriteFailed(self._failure_line(step, need, f"the disk filled up ({_first_line(err)})")) from None
         from rlframe.controller.trainers import run_lock
 
         run_lock.check_held(self.run_dir)  # a run that lost its directory's lock writes nothing more there
@@ -162,6 +188,23 @@ class CheckpointManager:
         tmp.rename(final)
         self._prune()
         return final
+
+    def _check_space(self, step: int) -> int:
+        """Bytes the checkpoint will take (the size of this run's newest one; 0 when there is none yet);
+        CheckpointWriteFailed before anything is written when the disk has less free."""
+        done = self.complete()
+        need = _tree_bytes(done[-1][1]) if done else 0
+        self.root.mkdir(parents=True, exist_ok=True)
+        if need > shutil.disk_usage(self.root).free:
+            raise CheckpointWriteFailed(self._failure_line(step, need, "not enough free space"))
+        return need
+
+    def _failure_line(self, step: int, need: int, why: str) -> str:
+        newest = self.newest_verified(warn=False)
+        free = shutil.disk_usage(self.root).free if self.root.exists() else 0
+        return (f"checkpoint of step {step} not written in {self.root}: {why}; it needs about {need / 2**20:.1f} MiB, "
+                f"{free / 2**20:.1f} MiB are free; newest intact checkpoint: {newest or 'none'} (free space and run "
+                "the same command again to resume from it)")
 
     def load_state(self, path: Path) -> dict:
         return json.loads((Path(path) / STATE_FILE).read_text())
@@ -179,6 +222,25 @@ class CheckpointManager:
         doomed = [p for _, p in done if p not in keep] + (self.superseded() if verified is not None else [])
         for p in doomed:
             shutil.rmtree(p, ignore_errors=True)
+
+
+def _tree_bytes(path: Path) -> int:
+    return sum(f.stat().st_size for f in Path(path).rglob("*") if f.is_file())
+
+
+def _out_of_space(err: BaseException) -> bool:
+    """A write failed for a full disk (or quota), raised here or inside a worker (its text travels)."""
+    import errno
+
+    if isinstance(err, OSError) and err.errno in (errno.ENOSPC, errno.EDQUOT):
+        return True
+    text = str(err)
+    return "No space left on device" in text or "Disk quota exceeded" in text
+
+
+def _first_line(err: BaseException) -> str:
+    lines = [ln for ln in str(err).splitlines() if "No space left" in ln or "quota" in ln.lower()]
+    return (lines[0] if lines else str(err).splitlines()[0] if str(err) else type(err).__name__).strip()[:200]
 
 
 def check_resume_path(resume: str, known: list[tuple[int, Path]] = ()) -> Path:

@@ -34,6 +34,7 @@ from rlframe.controller.trainers.async_rollout import RolloutPipeline
 from rlframe.controller.trainers.checkpoint import CheckpointManager, driver_rng_state, restore_driver_rng
 from rlframe.controller.trainers.metrics import batch_metrics, gathered, overhead, throughput
 from rlframe.controller.trainers.partial_rollout import PartialRollouts
+from rlframe.controller.trainers.preemption import Preempted, PreemptionWatch
 from rlframe.controller.trainers.prepare import build_data, model_path
 from rlframe.controller.trainers.roles import build_roles
 from rlframe.controller.trainers.tracking import Tracker, format_console, progress, say
@@ -76,6 +77,7 @@ class PPOTrainer:
                                config=to_dict(cfg), plot=cfg.trainer.plot)
         self.ckpt = CheckpointManager(self.run_dir, keep=cfg.trainer.keep_checkpoints)
         self.step = 0
+        self._last_save, self._save_s = time.monotonic(), 0.0  # when the last checkpoint ended; how long it took
         self.observer = None  # rlframe preflight's checks (controller/preflight), when it runs this trainer
         self.pipeline = None  # made after resume (asynchronous rollouts, trainer.max_staleness > 0)
         budget = cfg.rollout.partial_budget
@@ -96,7 +98,23 @@ class PPOTrainer:
             self.pipeline = RolloutPipeline(self, max_staleness=cfg.max_staleness)
         first = self.step + 1
         bar = progress(total=cfg.total_steps, initial=self.step, enabled=cfg.progress_bar)
-        for self.step in range(self.step + 1, cfg.total_steps + 1):
+        try:
+            with PreemptionWatch(grace_s=cfg.preempt_grace_s) as preemption:
+                self.loop(first, bar, preemption)
+        except Preempted:
+            bar.close()
+            self.tracker.close()  # every logged step reaches its files before the workers stop
+            raise
+        bar.close()
+        if self.pipeline is not None:
+            self.pipeline.drain()
+        return self.finish()
+
+    def loop(self, first: int, bar, preemption: PreemptionWatch) -> None:
+        """Steps first .. total_steps: train, check, validate, log, checkpoint (every save_every steps,
+        every save_every_minutes, at the end, and on a preemption signal)."""
+        cfg = self.cfg.trainer
+        for self.step in range(first, cfg.total_steps + 1):
             metrics = self.train_step()
             if self.observer is not None:
                 self.observer.after_step(self, metrics)
@@ -108,12 +126,11 @@ class PPOTrainer:
                 metrics.update(self.validate())
             self.tracker.log(metrics, step=self.step)
             bar.update(metrics)
-            if self.step == cfg.total_steps or (cfg.save_every > 0 and self.step % cfg.save_every == 0):
+            due = cfg.save_every_minutes > 0 and time.monotonic() - self._last_save >= 60 * cfg.save_every_minutes
+            if self.step == cfg.total_steps or (cfg.save_every > 0 and self.step % cfg.save_every == 0) or due:
                 self.save()
-        bar.close()
-        if self.pipeline is not None:
-            self.pipeline.drain()
-        return self.finish()
+            if preemption.requested:
+                self.stop_on_signal(preemption)
 
     def train_step(self) -> dict:
         t: dict[str, float] = {}
@@ -276,7 +293,29 @@ class PPOTrainer:
         return weight_check_metrics(result)
 
     # ---- checkpoints ---------------------------------------------------------------------------
+    def stop_on_signal(self, preemption: PreemptionWatch) -> None:
+        """The step is done: checkpoint it unless that would outlast the grace period (or it is saved
+        already), then stop the run with one line (Preempted)."""
+        saved = self.ckpt.newest_verified(warn=False)
+        if saved is None or saved.name != f"step_{self.step:06d}":
+            if preemption.time_left() > self._save_s:
+                self.save()
+                saved = self.ckpt.newest_verified(warn=False)
+            else:
+                say(f"no checkpoint of step {self.step}: the last one took {self._save_s:.0f} s and "
+                    f"{max(0.0, preemption.time_left()):.0f} s of trainer.preempt_grace_s are left")
+        where = f"checkpoint {saved}" if saved is not None else "no checkpoint yet"
+        raise Preempted(f"stopped on a signal after step {self.step}; {where}; run the same command again "
+                        "(trainer.resume=auto) to continue", preemption.code)
+
     def save(self) -> None:
+        t0 = time.monotonic()
+        try:
+            self._save()
+        finally:
+            self._last_save, self._save_s = time.monotonic(), time.monotonic() - t0
+
+    def _save(self) -> None:
         def save_roles(tmp: Path):
             self.roles.actor.save_checkpoint(str(tmp / "actor"))
             if self.roles.critic is not None:

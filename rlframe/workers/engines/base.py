@@ -18,13 +18,13 @@ from typing import Any, Callable, Mapping, Sequence
 
 import torch
 
+from rlframe.config.ranges import LR_SCHEDULES, PRECISIONS
 from rlframe.resharding.box import Box
 
 # loss_fn(outputs, micro_batch) -> (scalar loss, {name: float or 0-d tensor})
 LossFn = Callable[[Mapping[str, torch.Tensor], Mapping[str, torch.Tensor]], tuple[torch.Tensor, Mapping[str, Any]]]
 
 HEADS = ("lm", "value")
-LR_SCHEDULES = ("constant", "cosine")
 LOSS_WEIGHTINGS = ("tokens", "samples", "none", "global")
 
 
@@ -199,7 +199,6 @@ class TrainEngine(abc.ABC):
                          "log-probs with a separate reference engine")
 
 
-PRECISIONS = ("auto", "fp32", "bf16")
 
 
 def mixed_precision_setting(precision: str) -> bool | None:

@@ -90,3 +90,38 @@ def test_main_fails_within_5s_naming_the_damaged_file(tmp_path):
     assert "actor/model_optim/__1_0.distcp has changed since it was written" in proc.stderr
     assert "Traceback" not in proc.stderr
     assert elapsed < 5, f"took {elapsed:.1f} s"
+
+
+def test_a_write_that_fills_the_disk_removes_its_partial_directory(tmp_path):
+    import errno
+
+    from rlframe.controller.trainers.checkpoint import CheckpointManager, CheckpointWriteFailed
+
+    mgr = CheckpointManager(tmp_path, keep=2)
+
+    def fill(tmp):
+        (tmp / "actor").mkdir()
+        (tmp / "actor" / "shard").write_bytes(b"x" * 1000)
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    with pytest.raises(CheckpointWriteFailed, match=r"checkpoint of step 3 not written .*the disk filled up.*newest "
+                                                    r"intact checkpoint: none"):
+        mgr.save(3, save_roles=fill, state={})
+    assert list((tmp_path / "checkpoints").iterdir()) == []
+
+    def worker_died(tmp):
+        raise RuntimeError("rank 1 died")
+
+    with pytest.raises(RuntimeError, match="rank 1 died"):  # not a disk problem: passed on as it is
+        mgr.save(3, save_roles=worker_died, state={})
+    assert list((tmp_path / "checkpoints").iterdir()) == []
+
+
+def test_partial_directories_of_earlier_attempts_are_removed_when_a_run_binds(tmp_path):
+    from rlframe.controller.trainers.checkpoint import CheckpointManager
+
+    left = tmp_path / "checkpoints" / ".tmp-step_000006"
+    left.mkdir(parents=True)
+    (left / "half").write_bytes(b"x")
+    mgr = CheckpointManager(tmp_path, keep=2)
+    assert mgr.remove_partial() == [left] and not left.exists()

@@ -109,3 +109,77 @@ def test_damaged_checkpoint_is_refused_or_skipped(uninterrupted, tmp_path):
     assert sorted(resumed) == [1, 2, 3, 4]
     for step in (3, 4):
         assert resumed[step] == reference[step], (step, resumed[step], reference[step])
+
+
+def wait_for(path: Path, proc: subprocess.Popen, timeout: float = 900) -> None:
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        assert proc.poll() is None, proc.stdout.read()[-5000:]
+        assert time.monotonic() < deadline, f"{path} did not appear within {timeout} s"
+        time.sleep(0.05)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("moment", ["mid_step", "mid_checkpoint"])
+def test_sigterm_checkpoints_and_resume_matches_uninterrupted(uninterrupted, tmp_path, moment):
+    """SIGTERM while step 2 trains (after step 1's metrics) or while step 2's checkpoint is written:
+    the step in flight finishes, a checkpoint of it is kept, the run exits 143 with one line, and the
+    resumed run ends with the uninterrupted run's metrics."""
+    _, reference = uninterrupted
+    run = tmp_path / "run"
+    proc = launch(tmp_path)
+    wait_for(run / "metrics.jsonl" if moment == "mid_step" else run / "checkpoints" / ".tmp-step_000002", proc)
+    if moment == "mid_step":
+        while not (run / "metrics.jsonl").read_text().strip():
+            time.sleep(0.05)
+    t0 = time.monotonic()
+    os.kill(proc.pid, signal.SIGTERM)
+    out, _ = proc.communicate(timeout=300)
+    stopped_s = time.monotonic() - t0
+    assert proc.returncode == 143, out[-5000:]
+    line = [ln for ln in out.splitlines() if ln.startswith("rlframe: stopped on a signal")]
+    assert len(line) == 1 and "step_000002" in line[0] and "SIGTERM received" not in out, out[-3000:]
+    assert not list((run / "checkpoints").glob(".tmp-*"))
+    print(f"SIGTERM ({moment}) to exit: {stopped_s:.1f} s")
+
+    out = finish(launch(tmp_path, "trainer.resume=auto"))
+    assert "at step 2" in out
+    resumed = metrics(tmp_path)
+    for step in (3, 4):
+        assert resumed[step] == reference[step], (step, resumed[step], reference[step])
+
+
+@pytest.mark.slow
+def test_time_based_checkpoints(tmp_path):
+    out = finish(launch(tmp_path, "trainer.total_steps=2", "trainer.save_every=0", "trainer.save_every_minutes=0.0001",
+                        "trainer.keep_checkpoints=5", "trainer.export_hf=false"))
+    done = sorted(p.name for p in (tmp_path / "run" / "checkpoints").iterdir())
+    assert done == ["step_000001", "step_000002"], (done, out[-2000:])
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounting a small tmpfs needs root (CI runs as root)")
+def test_a_checkpoint_that_does_not_fit_leaves_nothing_and_the_run_resumes(uninterrupted, tmp_path):
+    """A tmpfs with room for one checkpoint and the run's logs but not a second: the run ends with one
+    line (directory, bytes needed and free, newest intact checkpoint), no partial directory is left,
+    and after space is freed the same command resumes and ends with the uninterrupted run's metrics."""
+    src, reference = uninterrupted
+    ckpt_mb = sum(f.stat().st_size for f in (src / "run" / "checkpoints" / "step_000004").rglob("*") if f.is_file()) / 2**20
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={int(ckpt_mb * 1.5 + 8)}m", "tmpfs", str(disk)], check=True)
+    try:
+        proc = launch(disk, "trainer.save_every=1")
+        out, _ = proc.communicate(timeout=600)
+        assert proc.returncode == 1, out[-5000:]
+        said = [ln for ln in out.splitlines() if ln.startswith("rlframe: checkpoint of step 2 not written")]
+        assert len(said) == 1 and "MiB are free" in said[0] and "step_000001" in said[0], out[-3000:]
+        assert "Traceback" not in out.split(said[0])[-1]
+        assert not list((disk / "run" / "checkpoints").glob(".tmp-*"))
+        subprocess.run(["mount", "-o", f"remount,size={int(ckpt_mb * 4 + 16)}m", str(disk)], check=True)
+        out = finish(launch(disk, "trainer.save_every=1"))
+        assert "at step 1" in out
+        resumed = metrics(disk)
+        assert resumed[4] == reference[4]
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], check=False)
