@@ -72,6 +72,8 @@ CASES = [
     ("agent.max_tool_seconds_per_trajectory=0", "agent.max_tool_seconds_per_trajectory=0",
      "agent.max_tool_seconds_per_trajectory=20.0"),
     ("trainer.critic_warmup=-1", "trainer.critic_warmup=-1", "trainer.critic_warmup=0"),
+    ("trainer.save_every_minutes=-5", "trainer.save_every_minutes=-5", "trainer.save_every_minutes=30.0"),
+    ("trainer.preempt_grace_s=-1", "trainer.preempt_grace_s=-1", "trainer.preempt_grace_s=30.0"),
     ("actor.min_lr_ratio=1.5", "actor.min_lr_ratio=1.5", "actor.min_lr_ratio=0.0"),
     # ---- choices
     ("trainer.loggers=[jsonl,foo]", "trainer.loggers", "one of console, jsonl"),
