@@ -43,6 +43,7 @@ def main(argv: list[str] | None = None) -> int:
     from rlframe.controller.trainers.nonfinite import NonFiniteTrainingError
     from rlframe.controller.trainers.preemption import Preempted
     from rlframe.controller.trainers.restart import WorkerRestartsExhausted
+    from rlframe.controller.trainers.tracking import RunFilesWriteFailed
     from rlframe.rewards.manager import RewardErrorsExceeded
 
     check_cpu_precision(cfg)  # bf16 on a CPU whose bf16 matmuls are slower than fp32: say so
@@ -52,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"rlframe: {err}", file=sys.stderr)
         return 2
     except (NonFiniteTrainingError, WorkerRestartsExhausted, InvariantViolation,
-            RewardErrorsExceeded, CheckpointWriteFailed) as err:  # metrics so far are in the run directory
+            RewardErrorsExceeded, CheckpointWriteFailed, RunFilesWriteFailed) as err:  # metrics so far are in the run directory
         print(f"rlframe: {err}", file=sys.stderr)
         return 1
     except Preempted as stop:  # SIGTERM / SIGINT: checkpointed at a step boundary (preemption.py)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import math
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 from rlframe.controller.trainers.nonfinite import NonFiniteGuard
@@ -20,6 +21,11 @@ SINKS = ("console", "jsonl", "tensorboard", "wandb", "mlflow")
 PLOT_EVERY_S = 30.0  # curves.png is redrawn at most this often during a run, and at its end
 PLOTTED = (("critic/score/mean", "reward (mean score)"), ("val/accuracy", "held-out accuracy"),
            ("response_length/mean", "response length"), ("actor/reference_kl", "KL(policy || reference)"))
+
+
+class RunFilesWriteFailed(RuntimeError):
+    """A run file (metrics.jsonl, TensorBoard events, curves.png) could not be written because the disk
+    is full: the run ends with one line, like a checkpoint that does not fit."""
 
 
 def _numeric(metrics: dict) -> dict[str, float]:
@@ -78,25 +84,46 @@ class Tracker:
         row = {"step": step, **_numeric(metrics)}
         row.update(self.guard.observe(step, metrics))
         self.history.append(row)
-        if "jsonl" in self.sinks:
-            with self.jsonl.open("a") as f:
-                f.write(json.dumps(row) + "\n")
-        if self._tb is not None:
-            for k, v in row.items():
-                if k != "step":
-                    self._tb.add_scalar(k, v, step)
-            self._tb.flush()
+        with self._disk_errors(step):
+            self._write_files(row, step)
         if self._wandb is not None:
             self._wandb.log(row, step=step)
         if self._mlflow is not None:
             import mlflow
 
             mlflow.log_metrics({k.replace("@", "_at_"): v for k, v in row.items() if k != "step"}, step=step)
+        self.guard.raise_if_exceeded()
+
+    def _write_files(self, row: dict, step: int) -> None:
+        if "jsonl" in self.sinks:
+            with self.jsonl.open("a") as f:
+                f.write(json.dumps(row) + "\n")
+        if self._tb is not None:  # its writer thread's errors come back from flush()
+            for k, v in row.items():
+                if k != "step":
+                    self._tb.add_scalar(k, v, step)
+            self._tb.flush()
         # Redrawing costs about 0.15 s: at most every PLOT_EVERY_S while running, and once at close().
         if self.plot_enabled and time.monotonic() - self._plotted_at >= PLOT_EVERY_S:
             self.plot()
             self._plotted_at = time.monotonic()
-        self.guard.raise_if_exceeded()
+
+    @contextmanager
+    def _disk_errors(self, step: int):
+        """A full disk ends the run with one line naming the directory (RunFilesWriteFailed), never as a
+        traceback from a writer thread; other errors pass."""
+        import errno
+
+        try:
+            yield
+        except OSError as err:
+            if err.errno not in (errno.ENOSPC, errno.EDQUOT):
+                raise
+            self._tb = None  # its thread cannot write either: close() must not try again
+            raise RunFilesWriteFailed(
+                f"step {step}: the run's files could not be written in {self.run_dir}: the disk is full ({err.strerror}); "
+                "the metrics of earlier steps are in metrics.jsonl; free space and run the same command again to resume "
+                "from the newest checkpoint") from None
 
     def plot(self) -> None:
         """Redraw curves.png from the history (the main curves, one panel each)."""
@@ -122,10 +149,11 @@ class Tracker:
         tmp.replace(self.run_dir / "curves.png")
 
     def close(self) -> None:
-        if self.plot_enabled:
-            self.plot()
-        if self._tb is not None:
-            self._tb.close()
+        with self._disk_errors(len(self.history)):
+            if self.plot_enabled:
+                self.plot()
+            if self._tb is not None:
+                self._tb.close()
         if self._wandb is not None:
             self._wandb.finish()
         if self._mlflow is not None:

@@ -1,6 +1,10 @@
 """curves.png: drawn at most every PLOT_EVERY_S while a run logs (never at its first log, which is
 on the start-up's path), and at close()."""
 
+import os
+
+import pytest
+
 from rlframe.controller.trainers import tracking
 from rlframe.controller.trainers.tracking import Tracker
 
@@ -21,3 +25,24 @@ def test_curves_are_drawn_after_plot_every_s_and_at_close(tmp_path, monkeypatch)
     assert not png.exists()
     tracker.close()
     assert png.exists()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounting a small tmpfs needs root (CI runs as root)")
+def test_a_full_disk_ends_logging_with_one_error_not_a_thread_traceback(tmp_path, capfd):
+    import subprocess
+
+    from rlframe.controller.trainers.tracking import RunFilesWriteFailed, Tracker
+
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(disk)], check=True)
+    try:
+        tracker = Tracker(disk, sinks=["jsonl", "tensorboard"], experiment="x", config={}, plot=False)
+        metrics = {f"metric/{i:04d}": float(i) for i in range(400)}
+        with pytest.raises(RunFilesWriteFailed, match=r"could not be written in .*the disk is full"):
+            for step in range(1, 1000):
+                tracker.log(metrics, step=step)
+        tracker.close()  # nothing more is tried, nothing raised
+        assert "Traceback" not in capfd.readouterr().err
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], check=False)
