@@ -149,10 +149,12 @@ def _check_kl_and_sampling(cfg: RunConfig, out: list[str]) -> None:
                    f"data.response_length={data.response_length} (the penalty ramps over the last "
                    "overlong_buffer_len tokens of the budget); lower it, or 0 to turn shaping off")
     k, b = cfg.trainer.max_staleness, cfg.rollout.partial_budget
+    # name the key the user set: algorithm=remax (or algorithm.name=remax) sets both name and estimator
+    remax_setting = "algorithm.name=remax" if alg.name == "remax" else "algorithm.adv_estimator=remax"
 
     def blocking(*extra: tuple[str, bool]) -> list[str]:
         """The settings on that make generation other than one batch of whole responses per step."""
-        return [what for what, on in (*extra, ("algorithm.name=remax", alg.adv_estimator == "remax"),
+        return [what for what, on in (*extra, (remax_setting, alg.adv_estimator == "remax"),
                                       ("algorithm.dynamic_sampling=true", alg.dynamic_sampling),
                                       (f"algorithm.name={alg.name}", alg.name == "sft")) if on]
 
@@ -284,9 +286,10 @@ def _check_paths(cfg: RunConfig, out: list[str]) -> None:
             elif Path(f).suffix.lower() not in (".parquet", ".jsonl", ".ndjson"):
                 out.append(f"data file {f!r} (data.{key}) is neither .parquet nor .jsonl; convert it to one of "
                            "them (rows in the verl layout: rlframe/data/dataset.py)")
-    if cfg.model.path is None and cfg.data.task not in TASKS:
-        out.append(f"model.path is null, so the tiny model would be built, but it is pre-trained only on "
-                   f"{sorted(TASKS)}, not data.task={cfg.data.task!r}; give model.path or use data.task=arithmetic")
+    if cfg.model.path is None and cfg.data.task is not None and cfg.data.task not in TASKS:
+        out.append(f"model.path is null, so the run would start from a tiny model, but the tiny models are "
+                   f"pre-trained only on {sorted(TASKS)}, not data.task={cfg.data.task!r}; give model.path=DIR "
+                   "(an HF model directory), or use data.task=arithmetic (docs/data.md, 'Which model')")
     for key, model_dir, fix in (
             ("model.path", cfg.model.path, "or set model.path=null to build the tiny model"),
             ("model.critic_path", cfg.model.critic_path if cfg.uses_critic else None,

@@ -27,9 +27,28 @@ def model_path(cfg: RunConfig) -> str:
         return str(Path(cfg.model.path).expanduser())
     from rlframe.data.pretrain import PRETRAIN_SEED, build_pretrained_model
 
-    return str(build_pretrained_model(preset=cfg.model.tiny_preset, task=cfg.data.task or "arithmetic",
+    task = tiny_model_task(cfg)
+    if cfg.data.task is None:  # own data only: say which model it starts from (docs/data.md)
+        from rlframe.controller.trainers.tracking import say
+
+        say(f"model: model.path is null, so the run starts from the tiny {cfg.model.tiny_preset!r} model "
+            f"pre-trained on the {task} task (its tokenizer knows printable ASCII only); "
+            "set model.path=DIR to start from your own model")
+    return str(build_pretrained_model(preset=cfg.model.tiny_preset, task=task,
                                       seed=PRETRAIN_SEED, steps=cfg.model.tiny_pretrain_steps,
                                       cache_dir=cache_root(cfg)))
+
+
+def tiny_model_task(cfg: RunConfig) -> str:
+    """The task the tiny model of a run without model.path is pre-trained on: data.task, or with
+    data.task=null (own data files only) the preset's own: tool_arithmetic for the BPE-tokenizer
+    preset 'agent', arithmetic for the others (the shipped demo model for the default preset)."""
+    if cfg.data.task is not None:
+        return cfg.data.task
+    from rlframe.data.tiny_model import PRESETS
+
+    shape = PRESETS.get(cfg.model.tiny_preset)
+    return "tool_arithmetic" if shape is not None and shape.tokenizer == "bpe" else "arithmetic"
 
 
 # Bump when the synthetic files change in a way data_settings does not capture.
