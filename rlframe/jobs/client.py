@@ -39,7 +39,38 @@ class JobFailedError(RuntimeError):
         super().__init__(f"job {job_id} ended {status}: {message}\n--- last lines of its log ---\n{log_tail}")
 
 
+# Ports of a Ray head that do not serve the job API (Ray's defaults): the GCS and the Ray client server.
+_NOT_JOB_PORTS = {6379: "the GCS port (what `ray start --address` and RAY_ADDRESS take)",
+                  10001: "the Ray client port (ray://)"}
+
+
+def _listens(address: str) -> bool:
+    """Whether a TCP connection to the address's host:port succeeds (something is there, just not a job server)."""
+    import socket
+    from urllib.parse import urlsplit
+
+    try:
+        parts = urlsplit(address)
+        with socket.create_connection((parts.hostname, parts.port or 80), timeout=1.0):
+            return True
+    except (OSError, ValueError):
+        return False
+
+
 def _how_to_start(address: str) -> str:
+    from urllib.parse import urlsplit
+
+    try:
+        port = urlsplit(address).port
+    except ValueError:
+        port = None
+    if port in _NOT_JOB_PORTS or _listens(address):
+        what = f"{port} is {_NOT_JOB_PORTS[port]}" if port in _NOT_JOB_PORTS else \
+            "something listens there but does not serve Ray's job API (a GCS or Ray client port?)"
+        return (f"no Ray job server answers at {address}: {what}. Jobs are submitted to the cluster's "
+                "dashboard URL, http://<head-ip>:8265 by default "
+                "(`ray start --head` prints it; the dashboard listens only on 127.0.0.1 unless started with "
+                "--dashboard-host=0.0.0.0): pass that as address=... / --address / RAY_API_SERVER_ADDRESS")
     return (f"no Ray cluster answers at {address}. Start one on this machine with "
             f"`ray start --head --dashboard-host 127.0.0.1` (job server at {resolve_address(None)}) or, "
             "from Python, `rlframe.jobs.start_local_cluster()`; or pass the dashboard URL of a running "

@@ -106,10 +106,15 @@ def start_local_cluster(*, num_cpus: int = 16, env: dict[str, str] | None = None
     num_cpus: logical CPUs to advertise; rlframe's workers mostly wait on each other, so a 2-core
         machine still needs about 16 to place a tiny run's worker groups (see controller/ray_utils.py).
     env: extra environment for the cluster's processes (e.g. RAY_AUTH_MODE, RAY_AUTH_TOKEN_PATH).
+    temp_dir: Ray's session directory (logs, sockets; keep it short: socket paths are limited to 108
+        bytes), created if missing and left in place by `stop()`; None: a new /tmp/rlf_ray_* removed by `stop()`.
     Raises RuntimeError with the tail of `ray start`'s output if the cluster does not come up.
     """
     # Unix socket paths under the temp dir must stay short (108 bytes), hence /tmp and a short prefix.
     owns_temp_dir = temp_dir is None
+    if temp_dir is not None:  # a directory of the caller's: made when missing (Ray wants an absolute path), kept at stop
+        temp_dir = str(Path(temp_dir).expanduser().absolute())
+        Path(temp_dir).mkdir(parents=True, exist_ok=True)
     temp_dir = temp_dir or tempfile.mkdtemp(prefix="rlf_ray_", dir="/tmp")
     ports = dict(zip(_PORT_FLAGS, free_ports(len(_PORT_FLAGS))))
     # Worker ports: 200 from 20000-29999, below the ephemeral range (32768+) that free_ports() draws
