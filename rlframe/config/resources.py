@@ -25,6 +25,19 @@ def role_world_sizes(cfg: RunConfig) -> dict[str, int]:
             "rollout": int(split.get("rollout", actor))}
 
 
+def process_count(cfg: RunConfig) -> int:
+    """Worker processes the run starts: the whole pool when colocated; with split placement the sum of
+    the groups it builds (actor, rollout, and critic / reference when the run has them:
+    controller/trainers/roles.py), e.g. 4 for PPO with split_procs {actor: 1, rollout: 1}."""
+    res = cfg.resources
+    if res.placement == "colocated":
+        return res.nodes * res.procs_per_node
+    sizes = role_world_sizes(cfg)
+    roles = ["actor", "rollout"] + (["critic"] if cfg.uses_critic else []) + \
+        (["ref"] if (cfg.uses_ref or cfg.algorithm.name == "online_dpo") and cfg.actor.lora_rank == 0 else [])
+    return sum(sizes[r] for r in roles)
+
+
 def generation_group(cfg: RunConfig) -> str:
     """The group whose processes generate: the actor's (colocated, the hybrid engine) or its own (split)."""
     return "rollout" if cfg.resources.placement == "split" else "actor"

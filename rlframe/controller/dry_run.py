@@ -11,7 +11,7 @@ from math import prod
 from pathlib import Path
 
 from rlframe.config.schema import RunConfig
-from rlframe.config.resources import role_world_sizes
+from rlframe.config.resources import process_count, role_world_sizes
 from rlframe.resharding.formats import ModelDims, hf_param_shapes
 from rlframe.resharding.layout import Layout, generation_layout
 from rlframe.resharding.planner import ParamMeta, plan_reshard
@@ -109,8 +109,10 @@ def describe_run(cfg: RunConfig) -> str:
         f"reference {'on' if cfg.uses_ref else 'off'})",
         f"model: {n_params / 1e9:.3f}B parameters, {dims.num_layers} layers, hidden {dims.hidden_size}, "
         f"heads {dims.num_heads}/{dims.num_kv_heads} kv, vocab {dims.vocab_size}",
-        f"placement: {res.placement} on {res.nodes} node(s) x {res.procs_per_node} "
-        f"{'GPU' if res.use_gpu else 'CPU'} process(es); group sizes {sizes}",
+        (f"placement: {res.placement} on {res.nodes} node(s) x {res.procs_per_node} "
+         f"{'GPU' if res.use_gpu else 'CPU'} process(es); group sizes {sizes}") if res.placement == "colocated" else
+        (f"placement: split, {process_count(cfg)} {'GPU' if res.use_gpu else 'CPU'} process(es) in all on "
+         f"{res.nodes} node(s), one group per role; group sizes {sizes}"),
         f"actor training: {cfg.actor.strategy} {train.describe()}",
     ]
     if cfg.uses_critic:

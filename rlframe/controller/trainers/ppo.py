@@ -26,7 +26,7 @@ from rlframe.algos.dapo import filter_groups_by_reward_variance
 from rlframe.algos.kl import make_kl_controller
 from rlframe.config.build import to_dict
 from rlframe.config.schema import RunConfig
-from rlframe.config.resources import role_world_sizes
+from rlframe.config.resources import process_count, role_world_sizes
 from rlframe.controller import startup
 from rlframe.controller.trainers import phases
 from rlframe.controller.trainers.agent_loop import build_agent_loop
@@ -69,7 +69,7 @@ class PPOTrainer:
         self.kl_ctrl = make_kl_controller(kind="adaptive" if alg.kl_target else "fixed", kl_coef=alg.kl_coef,
                                           target_kl=alg.kl_target, horizon=alg.kl_horizon)
         critic = f", critic {_layout_text(cfg.critic)}" if cfg.uses_critic else ""
-        say(f"starting worker groups ({cfg.resources.placement}, {cfg.resources.nodes * cfg.resources.procs_per_node} "
+        say(f"starting worker groups ({cfg.resources.placement}, {process_count(cfg)} "
             f"processes): actor {_layout_text(cfg.actor)}{critic}, rollout {cfg.rollout.backend} tp={cfg.rollout.tp}"
             + (f" in its own {role_world_sizes(cfg)['rollout']} process(es)" if cfg.resources.placement == "split" else ""))
         self.roles = build_roles(cfg, actor_path=self.actor_path, critic_path=cfg.model.critic_path or self.actor_path)
