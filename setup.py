@@ -38,6 +38,8 @@ EXTRAS = {
     # one whose package is missing is refused before Ray starts, saying to install the extra.
     "wandb": ["wandb"],
     "mlflow": ["mlflow"],
+    # `jupyter lab examples/submit_from_notebook.ipynb` (docs/jobs.md): JupyterLab and the kernel.
+    "notebook": ["jupyterlab", "ipykernel"],
     # megatron-core installs from a 2.6 MB wheel without CUDA: on CPU the tests build its models and
     # check the HF conversion (its layers need CUDA to run forward).
     "test": ["pytest>=8", "pytest-timeout", "nbclient", "nbformat", "ipykernel", "megatron-core==0.16.1",
