@@ -208,9 +208,11 @@ class PPOTrainer:
         return self.rollout(self.next_prompts())
 
     def next_prompts(self) -> DataProto:
+        # group ids from where the batch sits in the data (epoch, position): unique across DAPO refills and
+        # async look-ahead, and the same after a resume (they also seed partial rollouts' segments)
+        where = f"e{self.loader.epoch}-p{self.loader.position}"
         prompts = to_dataproto(next(self.loader))
-        self._batches_drawn = getattr(self, "_batches_drawn", 0) + 1  # unique uids across DAPO refills
-        prompts.non_tensor_batch["uid"] = phases.uids(f"{self.step}-{self._batches_drawn}", len(prompts))
+        prompts.non_tensor_batch["uid"] = phases.uids(where, len(prompts))
         return prompts
 
     def sample_seed(self, salt: int = 0, step: int | None = None) -> int:
