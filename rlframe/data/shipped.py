@@ -29,6 +29,7 @@ MANIFEST = "shipped.json"
 # Shipped models by name: the arguments of build_pretrained_model (the default SFT recipe of the task).
 RECIPES: dict[str, dict] = {
     "demo": {"preset": "demo", "task": "arithmetic", "seed": 0},  # configs/ppo_tiny.yaml and those built on it
+    "agent": {"preset": "agent", "task": "tool_arithmetic", "seed": 0},  # agent.enabled runs (docs/agents.md)
 }
 
 

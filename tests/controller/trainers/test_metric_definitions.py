@@ -18,7 +18,7 @@ COMMON = ["data.response_length=6", "data.val_size=16", "rollout.kv_cache_bytes=
           "critic.micro_batch_size=4", "rollout.temperature=0.9"]
 RUNS = {
     "ppo_critic": ("ppo_tiny", ["data.train_batch_size=16", "actor.mini_batch_size=8", "critic.mini_batch_size=8",
-                                "algorithm.kl_in_reward=true", "algorithm.kl_coef=0.05"]),
+                                "algorithm.kl_in_reward=true", "algorithm.kl_coef=0.05", "algorithm.kl_target=0.001"]),
     "grpo_dapo": ("grpo_tiny", ["data.train_batch_size=4", "actor.mini_batch_size=16", "algorithm.name=dapo",
                                 "algorithm.dynamic_sampling=true", "algorithm.max_gen_batches=3",
                                 "algorithm.overlong_buffer_len=3", "algorithm.use_kl_loss=false"]),
@@ -117,8 +117,13 @@ def test_logged_metrics_equal_their_definitions(recorded):
             assert logged["dpo/pairs"] == len(set(uids))
             checked.add("dpo/pairs")
             continue
+        if "actor/kl_coef" in logged:  # the coefficient this step's rewards used, not the controller's next one
+            assert logged["actor/kl_coef"] == logged["actor/reward_kl_penalty_coeff"], logged
+            checked.add("actor/kl_coef")
         for key, value in want.items():
             assert key in logged, f"{name}: {key} is defined but not logged"
             assert math.isclose(logged[key], value, rel_tol=1e-5, abs_tol=1e-6), (name, key, logged[key], value)
             checked.add(key)
     assert len(checked) >= (1 if name == "online_dpo" else 20), sorted(checked)
+    if name == "ppo_critic":  # the adaptive controller moved between the steps: the check above is not vacuous
+        assert rec.steps[0][1]["actor/kl_coef"] != rec.steps[1][1]["actor/kl_coef"]
