@@ -291,7 +291,7 @@ def _train_into(tmp: Path, *, preset: str, task: str, seed: int, cfg: SFTConfig)
     info = {
         "preset": preset, "task": task, "seed": seed, "sft": asdict(cfg), "format_version": FORMAT_VERSION,
         "sft_wall_s": round(wall, 2), "sft_cpu_s": round(cpu, 2),
-        "final_loss": round(sum(losses[-20:]) / len(losses[-20:]), 4),
+        "final_loss": round(sum(losses[-20:]) / len(losses[-20:]), 4) if losses else None,  # 0 steps: none
         "weights_sha256": hashlib.sha256((tmp / "model.safetensors").read_bytes()).hexdigest(),
         "cpu_capability": torch.backends.cpu.get_cpu_capability(),
         "torch_threads": torch.get_num_threads(),
