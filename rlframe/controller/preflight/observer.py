@@ -12,7 +12,6 @@ from rlframe.controller.preflight import checks
 from rlframe.controller.preflight.checks import Check
 from rlframe.controller.trainers import phases
 from rlframe.protocol import DataProto
-from rlframe.workers.rollout.stops import end_of_sequence_ids
 
 REWARD_KEYS = ("responses", "response_mask", "attention_mask", "input_ids", "prompts", "position_ids")
 LOGPROB_CAUSE = ("the training engine gives other log-probs than the rollout engine for the same tokens. "
@@ -61,7 +60,7 @@ class PreflightObserver:
         if "advantages" in batch.batch.keys() and not tis:
             self.add(step, checks.group_zero_mean(batch, estimator=cfg.algorithm.adv_estimator))
         self.add(step, self._reward_repeats(trainer, batch))
-        self.add(step, checks.nothing_after_end(batch, end_ids=end_of_sequence_ids(trainer.tokenizer, trainer.actor_path)))
+        self.add(step, checks.nothing_after_end(batch, end_ids=trainer.end_ids))
         batch.meta_info["first_minibatch_metrics"] = True
 
     def _reward_repeats(self, trainer, batch: DataProto) -> Check | None:

@@ -42,7 +42,6 @@ from rlframe.controller.trainers import phases
 from rlframe.protocol import DataProto
 from rlframe.workers.rollout.batch import assemble_batch, left_pad, prompts_from_rows
 from rlframe.workers.rollout.seeds import SEED_KEY, seeds_for
-from rlframe.workers.rollout.stops import end_of_sequence_ids
 
 POOL_GROUPS = 1  # batches' worth of groups in progress before the pool chunks on instead of starting more
 
@@ -81,7 +80,7 @@ class PartialRollouts:
         self.trainer, self.budget = trainer, budget
         tok = trainer.tokenizer
         self.pad_id = tok.pad_token_id if tok.pad_token_id is not None else 0
-        self.eos_ids = end_of_sequence_ids(tok, trainer.actor_path)
+        self.eos_ids = trainer.end_ids  # every id a response may end with (rollout/stops.py)
         self.pool: list[Group] = []  # oldest first
         self.started = self.completed_first = 0  # groups started, and of those complete after one segment
 

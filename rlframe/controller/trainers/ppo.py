@@ -78,6 +78,7 @@ class PPOTrainer:
         self.ckpt = CheckpointManager(self.run_dir, keep=cfg.trainer.keep_checkpoints)
         self.step = 0
         self._last_save, self._save_s = time.monotonic(), 0.0  # when the last checkpoint ended; how long it took
+        self.saved: Path | None = None  # the checkpoint of this run last written or resumed from
         self.observer = None  # rlframe preflight's checks (controller/preflight), when it runs this trainer
         self.pipeline = None  # made after resume (asynchronous rollouts, trainer.max_staleness > 0)
         budget = cfg.rollout.partial_budget
@@ -298,11 +299,11 @@ class PPOTrainer:
     def stop_on_signal(self, preemption: PreemptionWatch) -> None:
         """The step is done: checkpoint it unless that would outlast the grace period (or it is saved
         already), then stop the run with one line (Preempted)."""
-        saved = self.ckpt.newest_verified(warn=False)
+        saved = self.saved  # the last checkpoint written or resumed from (no re-hashing of its files)
         if saved is None or saved.name != f"step_{self.step:06d}":
             if preemption.time_left() > self._save_s:
                 self.save()
-                saved = self.ckpt.newest_verified(warn=False)
+                saved = self.saved
             else:
                 say(f"no checkpoint of step {self.step}: the last one took {self._save_s:.0f} s and "
                     f"{max(0.0, preemption.time_left()):.0f} s of trainer.preempt_grace_s are left")
@@ -318,6 +319,7 @@ class PPOTrainer:
             self._last_save, self._save_s = time.monotonic(), time.monotonic() - t0
 
     def _save(self) -> None:
+        """Writes the checkpoint of this step; `self.saved` is then its path (verified by the manager)."""
         def save_roles(tmp: Path):
             self.roles.actor.save_checkpoint(str(tmp / "actor"))
             if self.roles.critic is not None:
@@ -327,7 +329,7 @@ class PPOTrainer:
                  "kl_ctrl": self.kl_ctrl.state_dict(), "rng": driver_rng_state()}
         if self.partial is not None:  # responses in progress continue after a resume
             state["partial_rollouts"] = self.partial.state_dict()
-        self.ckpt.save(self.step, save_roles=save_roles, state=state)
+        self.saved = self.ckpt.save(self.step, save_roles=save_roles, state=state)
 
     def resume(self) -> None:
         """Continue from the checkpoint trainer.resume names (auto: this run's newest that verifies).
@@ -355,6 +357,7 @@ class PPOTrainer:
         if self.partial is not None:
             self.partial.load_state_dict(state.get("partial_rollouts", {"started": 0, "completed_first": 0, "pool": []}))
         self.step = int(state["step"])
+        self.saved = path
         self.tracker.resume_history(self.step)
         print(f"resumed from {path} at step {self.step}", flush=True)
         if self.step >= self.cfg.trainer.total_steps:

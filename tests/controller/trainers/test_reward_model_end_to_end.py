@@ -8,18 +8,14 @@ from pathlib import Path
 
 import pytest
 
-from rlframe.config import load_config, validate
-from rlframe.controller.trainers import run_training
 from rlframe.data.tiny_rm import build_reward_model
-from tests.controller.trainers.test_end_to_end import COMMON
+from tests.controller.trainers.test_end_to_end import run
 
 
 @pytest.mark.slow
 def test_ppo_with_a_reward_model_of_another_tokenizer(tmp_path, ray_cluster):
     rm = build_reward_model()
-    overrides = COMMON + ["data.train_batch_size=16", f"reward.model_paths=[{rm}]", f"trainer.output_dir={tmp_path}"]
-    cfg = validate(load_config("ppo_tiny", overrides))
-    summary = run_training(cfg, config_name="ppo_tiny")
+    _, summary = run("ppo_tiny", ["data.train_batch_size=16", f"reward.model_paths=[{rm}]"], tmp_path)
     rows = [json.loads(l) for l in (Path(summary["run_dir"]) / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in rows if r["step"] >= 1]
     assert [r["step"] for r in steps] == [1, 2]
