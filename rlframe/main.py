@@ -40,6 +40,7 @@ def main(argv: list[str] | None = None) -> int:
     from rlframe.controller.preflight.checks import InvariantViolation
     from rlframe.controller.trainers import run_training
     from rlframe.controller.trainers.checkpoint import CheckpointWriteFailed
+    from rlframe.controller.trainers.node_loss import NodeLost
     from rlframe.controller.trainers.nonfinite import NonFiniteTrainingError
     from rlframe.controller.trainers.preemption import Preempted
     from rlframe.controller.trainers.restart import WorkerRestartsExhausted
@@ -52,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as err:  # what a joined Ray cluster cannot provide, found once joined
         print(f"rlframe: {err}", file=sys.stderr)
         return 2
-    except (NonFiniteTrainingError, WorkerRestartsExhausted, InvariantViolation,
+    except (NonFiniteTrainingError, WorkerRestartsExhausted, NodeLost, InvariantViolation,
             RewardErrorsExceeded, CheckpointWriteFailed, RunFilesWriteFailed) as err:  # metrics so far are in the run directory
         print(f"rlframe: {err}", file=sys.stderr)
         return 1

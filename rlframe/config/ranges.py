@@ -107,6 +107,7 @@ RANGES: dict[str, Rule] = {
     "resources.nodes": POSITIVE_INT,
     "resources.procs_per_node": POSITIVE_INT,
     "resources.cpus_per_proc": above(0),
+    "resources.node_wait_s": at_least(0, " (seconds a run waits for a lost node's return; 0: fail at once)"),
     "ray.num_cpus": POSITIVE_INT,
     "trainer.total_steps": POSITIVE_INT,
     "trainer.val_every": at_least(0, " (0: no validation)"),

@@ -49,6 +49,8 @@ class WorkerHost:
         import torch
         import torch.distributed as dist
 
+        if self.backend == "gloo":
+            bind_gloo_to_node_interface()
         os.environ.update(
             {"MASTER_ADDR": master_addr, "MASTER_PORT": str(master_port), "RANK": str(self.rank),
              "WORLD_SIZE": str(self.world_size), "LOCAL_RANK": "0"}
@@ -97,6 +99,16 @@ class WorkerHost:
     def pid(self) -> int:
         return os.getpid()
 
+    def describe(self) -> dict:
+        """Where this rank runs and how it talks: host name, Ray node, rendezvous address, the
+        interface gloo binds and the collective libraries' settings it received."""
+        import ray
+
+        return {"hostname": socket.gethostname(), "node_ip": ray.util.get_node_ip_address(),
+                "node_id": ray.get_runtime_context().get_node_id(), "pid": os.getpid(),
+                "master_addr": os.environ.get("MASTER_ADDR"),
+                "comm_env": {k: v for k, v in os.environ.items() if k.startswith(COMM_ENV_PREFIXES)}}
+
     def held_answers(self) -> int:
         """How many object-store answers of compiled calls this rank still holds for the driver."""
         return len(self._held_answers)
@@ -110,6 +122,38 @@ class WorkerHost:
                 close()
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+# Settings of the collective libraries that must reach every rank on every node (interface names,
+# timeouts, debug levels); the driver's values are forwarded to the workers.
+COMM_ENV_PREFIXES = ("NCCL_", "GLOO_", "TORCH_NCCL_", "TORCH_DISTRIBUTED_", "CUDA_DEVICE_MAX_CONNECTIONS")
+
+# Set by the driver when the cluster has nodes at more than one address: gloo must then bind the
+# interface that holds this node's Ray address (see bind_gloo_to_node_interface).
+MULTI_HOST_ENV = "RLFRAME_MULTI_HOST"
+
+
+def bind_gloo_to_node_interface() -> str | None:
+    """On a cluster of several hosts, point gloo at the interface of this node's Ray address unless
+    GLOO_SOCKET_IFNAME is set already (the user's, forwarded from the driver).
+
+    Gloo otherwise binds the address this host's name resolves to, and many hosts resolve their
+    name to a loopback address (Debian's 127.0.1.1 in /etc/hosts) or to nothing (gloo then falls back
+    to 127.0.0.1): every rank announces an address no other host can reach and the group's start-up
+    times out with "connection refused, remote=[127.0.0.1]". Ray's node address is the one the
+    cluster reaches this host at, so its interface is right. One host alone keeps gloo's default.
+    Returns the interface set (None: left as it was)."""
+    import ray
+
+    from rlframe.utils.net import interface_of, is_loopback
+
+    if os.environ.get(MULTI_HOST_ENV) != "1" or os.environ.get("GLOO_SOCKET_IFNAME"):
+        return None
+    ip = ray.util.get_node_ip_address()
+    iface = None if is_loopback(ip) else interface_of(ip)
+    if iface:
+        os.environ["GLOO_SOCKET_IFNAME"] = iface
+    return iface
 
 
 def _resolve_refs(args: tuple, kwargs: dict) -> tuple[tuple, dict]:

@@ -23,7 +23,7 @@ from typing import Any, Iterator
 from rlframe.controller import compiled, startup, transport
 from rlframe.controller.decorator import registered_methods
 from rlframe.controller.dispatch import RankInfo, get_dispatch_mode
-from rlframe.controller.host import WorkerHost
+from rlframe.controller.host import COMM_ENV_PREFIXES, MULTI_HOST_ENV, WorkerHost
 from rlframe.controller.resource_pool import ResourcePool
 
 
@@ -225,15 +225,20 @@ class CompiledFuture(GroupFuture):
         return _gathered(outs, self._collect, self._record, submitted_at=self._submitted_at)
 
 
-# Settings of the collective libraries that must reach every rank on every node (interface names,
-# timeouts, debug levels); the driver's values are forwarded to the workers.
-COMM_ENV_PREFIXES = ("NCCL_", "GLOO_", "TORCH_NCCL_", "TORCH_DISTRIBUTED_", "CUDA_DEVICE_MAX_CONNECTIONS")
-
-
 def communication_env() -> dict[str, str]:
     import os
 
     return {k: v for k, v in os.environ.items() if k.startswith(COMM_ENV_PREFIXES)}
+
+
+def multi_host_env() -> dict[str, str]:
+    """{MULTI_HOST_ENV: "1"} when the cluster's nodes, alive or dead, have more than one address (the
+    workers then bind gloo to their node's interface: host.bind_gloo_to_node_interface). Dead ones
+    count: a group started while a lost host is still on its way back will span it."""
+    import ray
+
+    addresses = {n["NodeManagerAddress"] for n in ray.nodes()}
+    return {MULTI_HOST_ENV: "1"} if len(addresses) > 1 else {}
 
 
 # How long a collective (a barrier, an all-reduce) waits for the slowest rank before failing: long
@@ -256,7 +261,7 @@ class HostSet:
         self.name, self.pool = name, pool
         self._init_timeout_s, self._collective_timeout_s = init_timeout_s, collective_timeout_s
         remote = ray.remote(WorkerHost)
-        env = {"TOKENIZERS_PARALLELISM": "false", **communication_env(), **(env or {})}
+        env = {"TOKENIZERS_PARALLELISM": "false", **communication_env(), **multi_host_env(), **(env or {})}
         self.actors = [
             remote.options(
                 num_cpus=pool.cpus_per_proc,
@@ -300,6 +305,13 @@ class HostSet:
     @property
     def world_size(self) -> int:
         return len(self.actors)
+
+    def rank_nodes(self) -> list[str | None]:
+        """The Ray node id each rank was placed on (None where the pool was never placed)."""
+        ids = self.pool.node_ids() if self.pool._pgs else []
+        if not ids:
+            return [None] * len(self.actors)
+        return [node for node, n in zip(ids, self.pool.procs_per_node) for _ in range(n)]
 
     def compiled_graph(self, *, blocking: bool, key: tuple[str, str]) -> "compiled.CompiledCalls | None":
         """The compiled graph the call of `key` (role, method) may take now, or None for the plain

@@ -21,6 +21,7 @@ import time
 from dataclasses import dataclass
 
 from rlframe.config.schema import RunConfig
+from rlframe.controller.trainers.node_loss import lost_nodes, room_after_loss
 from rlframe.controller.trainers.tracking import say
 
 
@@ -32,41 +33,61 @@ class WorkerFailure:
     roles: list[str]
     rank: int
     error: str
+    node: str | None = None  # the lost node it ran on, when its whole node went down
 
     def __str__(self) -> str:
+        where = f" with its {self.node}" if self.node else ""
         return (f"attempt {self.attempt}, step {self.step}: worker group {self.group!r} (roles "
-                f"{', '.join(self.roles)}) rank {self.rank} died ({self.error})")
+                f"{', '.join(self.roles)}) rank {self.rank} died{where} ({self.error})")
 
 
 class WorkerRestartsExhausted(RuntimeError):
     """Workers kept dying: more failures than `trainer.max_restarts` allows."""
 
 
-def dead_ranks(roles, *, timeout_s: float = 10.0) -> list[tuple[str, list[str], int]]:
-    """(group name, roles it hosts, rank) of every host process that is gone.
+def dead_ranks(roles, *, timeout_s: float = 10.0, node_timeout_s: float = 90.0) -> list[tuple[str, list[str], int, str | None]]:
+    """(group name, roles it hosts, rank, Ray node id) of every host process that is gone.
 
     A live rank answers `pid()`, or is busy (stuck in a collective with the dead one) and does not
-    answer within the timeout; only a dead one fails the call with RayActorError.
+    answer within `timeout_s`; a dead one fails the call with RayActorError. A rank whose node went
+    down may neither answer nor fail until Ray's health checks have marked the node dead, so ranks
+    that did not answer are watched for up to `node_timeout_s` more while their node is still
+    counted alive.
     """
     import ray
     from ray.exceptions import RayActorError
+
+    from rlframe.controller.trainers.node_loss import node_table
 
     hosts: dict[int, tuple[object, list[str]]] = {}
     for role in ("actor", "critic", "ref", "reward_model"):
         group = getattr(roles, role, None)
         if group is not None:
             hosts.setdefault(id(group.hosts), (group.hosts, []))[1].append(role)
-    probes = [(h.name, names, rank, actor.pid.remote())
-              for h, names in hosts.values() for rank, actor in enumerate(h.actors)]
-    ready, _ = ray.wait([p[3] for p in probes], num_returns=len(probes), timeout=timeout_s)
+    probes = [(h.name, names, rank, node, actor.pid.remote())
+              for h, names in hosts.values() for rank, (actor, node) in enumerate(zip(h.actors, h.rank_nodes()))]
+    refs = [p[4] for p in probes]
+    ready, pending = ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
+    deadline = time.monotonic() + node_timeout_s
+    table = node_table()
+    # unanswered ranks on nodes Ray still counts alive: a lost node is not declared dead yet
+    while pending and time.monotonic() < deadline and any(table.get(p[3], {}).get("alive") for p in probes
+                                                          if p[4] in set(pending)):
+        more, pending = ray.wait(pending, num_returns=len(pending), timeout=1.0)
+        ready += more
+        table = node_table()
+        if pending and all(not table.get(p[3], {}).get("alive", True) for p in probes if p[4] in set(pending)):
+            break
     ready = set(ready)
     dead = []
-    for name, names, rank, ref in probes:
+    for name, names, rank, node, ref in probes:
         if ref in ready:
             try:
                 ray.get(ref)
             except RayActorError:
-                dead.append((name, names, rank))
+                dead.append((name, names, rank, node))
+        elif node is not None and not table.get(node, {}).get("alive", True):
+            dead.append((name, names, rank, node))  # on a node Ray counts dead
     return dead
 
 
@@ -84,7 +105,9 @@ def fit_with_restarts(cfg: RunConfig, *, trainer_cls, run_dir) -> dict:
 
     history: list[WorkerFailure] = []
     started = time.time()
+    lost = []
     while True:
+        cfg = room_after_loss(cfg, lost)  # after a lost node: wait for room, or shrink (node_loss.py)
         trainer = trainer_cls(cfg, run_dir=run_dir)
         try:
             return trainer.fit()
@@ -92,9 +115,12 @@ def fit_with_restarts(cfg: RunConfig, *, trainer_cls, run_dir) -> dict:
             dead = dead_ranks(trainer.roles) if getattr(trainer, "roles", None) is not None else []
             if not dead:
                 raise  # a rank raised (or timed out) while all are alive: restarting would repeat it
+            lost = lost_nodes(dead)
             first_line = str(err).splitlines()[0]
             history += [WorkerFailure(attempt=len(history) + 1, step=getattr(trainer, "step", 0), group=g,
-                                      roles=names, rank=r, error=first_line) for g, names, r in dead[:1]]
+                                      roles=names, rank=r, error=first_line,
+                                      node=next((str(n) for n in lost if n.node_id == node), None))
+                        for g, names, r, node in dead[:1]]
             summary = "\n  ".join(map(str, history))
             if len(history) > cfg.trainer.max_restarts:
                 raise WorkerRestartsExhausted(

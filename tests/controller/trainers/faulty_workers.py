@@ -56,3 +56,25 @@ class AlwaysKilledActor(ActorWorker):
         if self.rank == 1:
             os.kill(os.getpid(), signal.SIGKILL)
         return super().run_epochs(data, loss_fn, **kwargs)
+
+
+class NodeLostOnceActor(KilledOnceActor):
+    """The ranks on hosts other than the head's (`h0`, where the driver runs) stop in the middle of
+    step KILL_STEP's actor update, once per run directory: one writes its host name to
+    `<run_dir>/node-lost-once` and all wait there for the test to take that whole node down
+    (tests/controller/test_multihost.py kills the host's raylet and every process on it)."""
+
+    HEAD_HOST = "h0"
+
+    def run_epochs(self, data, loss_fn, **kwargs):
+        import socket
+        import time
+
+        run_dir = getattr(self, "_run_dir", None)
+        if (run_dir is not None and socket.gethostname() != self.HEAD_HOST
+                and int(data.meta_info.get("global_step", 0)) == self.KILL_STEP):
+            marker = run_dir / "node-lost-once"
+            if not marker.exists():
+                marker.write_text(socket.gethostname())
+                time.sleep(300)  # the node goes down meanwhile
+        return ActorWorker.run_epochs(self, data, loss_fn, **kwargs)
