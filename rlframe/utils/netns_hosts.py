@@ -34,6 +34,7 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 PREFIX = "rlf"  # names: rlf<pid>h<i> (namespace), rlf<pid>v<i> (root side of the veth), rlf<pid>br
@@ -109,6 +110,24 @@ def sweep_stale() -> list[int]:
     for owner in stale:
         _remove(owner)
     return stale
+
+
+@dataclass
+class JobRun:
+    """A main job run on a host: its exit code and output, and the network bytes all hosts had sent
+    when each step's metrics row appeared (bytes per step = differences)."""
+
+    returncode: int
+    stdout: str
+    stderr: str
+    seconds: float
+    bytes_at_step: dict[int, int] = field(default_factory=dict)
+
+    def bytes_per_step(self) -> float | None:
+        steps = sorted(s for s in self.bytes_at_step if s >= 1)
+        if len(steps) < 2:
+            return None
+        return (self.bytes_at_step[steps[-1]] - self.bytes_at_step[steps[0]]) / (steps[-1] - steps[0])
 
 
 class NetnsHosts:
@@ -262,3 +281,39 @@ class NetnsHosts:
     def bytes_sent(self) -> list[int]:
         """Bytes each host has sent onto the network so far (the bridge side of its veth receives them)."""
         return [int(Path(f"/sys/class/net/{self.veth(i)}/statistics/rx_bytes").read_text()) for i in range(self.n)]
+
+    def run_job(self, config: str, overrides: list[str], *, run_dir: str | os.PathLike, host: int = 0,
+                timeout: float = 900.0, env: dict[str, str] | None = None, poll_s: float = 0.1) -> JobRun:
+        """`python -m rlframe.main --config-name config overrides` on `host` against this cluster, its run
+        directory `run_dir` (trainer.output_dir/trainer.experiment of the overrides), watched for
+        metrics rows to take the network byte counters at each step."""
+        import json
+
+        metrics = Path(run_dir) / "metrics.jsonl"
+        argv = [sys.executable, "-m", "rlframe.main", "--config-name", config, f"ray.address={self.ray_address}",
+                *overrides]
+        out, err = (open(self.tmp / f"job-{time.monotonic_ns()}.{k}", "w+") for k in ("out", "err"))
+        t0 = time.monotonic()
+        proc = self.popen(host, argv, env=env, stdout=out, stderr=err, text=True)
+        at_step: dict[int, int] = {}
+        seen = 0
+        try:
+            while proc.poll() is None:
+                if time.monotonic() - t0 > timeout:
+                    proc.kill()
+                    break
+                lines = metrics.read_text().splitlines() if metrics.exists() else []
+                if len(lines) > seen:
+                    sent = sum(self.bytes_sent())
+                    for line in lines[seen:]:
+                        if line.strip().endswith("}"):
+                            at_step[json.loads(line)["step"]] = sent
+                            seen += 1
+                time.sleep(poll_s)
+            proc.wait()
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+        out.seek(0)
+        err.seek(0)
+        return JobRun(proc.returncode, out.read(), err.read(), time.monotonic() - t0, at_step)

@@ -163,3 +163,37 @@ class KeepingWorker(Worker):
     @register(dispatch=Dispatch.ONE_TO_ALL)
     def num_threads(self):
         return torch.get_num_threads()
+
+
+class HostFactsWorker(Worker):
+    """What a rank of a multi-host group sees (tests/controller/test_multihost.py)."""
+
+    @register(dispatch=Dispatch.ONE_TO_ALL)
+    def facts(self):
+        import socket
+
+        from rlframe.controller.host import COMM_ENV_PREFIXES
+
+        t = torch.tensor([float(self.rank + 1)])
+        dist.all_reduce(t)
+        return {"hostname": socket.gethostname(), "master_addr": os.environ.get("MASTER_ADDR"),
+                "comm_env": {k: v for k, v in os.environ.items() if k.startswith(COMM_ENV_PREFIXES)},
+                "all_reduce": t.item()}
+
+    @register(dispatch=Dispatch.ONE_TO_ALL)
+    def shares_memory(self):
+        """Whether FSDP's shared-memory collectives take this group (every rank maps rank 0's segment)."""
+        from rlframe.workers.engines.fsdp.shm_comm import SharedMemoryComm
+
+        return SharedMemoryComm(dist.group.WORLD, nbytes=1 << 20).segment is not None
+
+    @register(dispatch=Dispatch.ONE_TO_ALL)
+    def probe_storage(self, directory):
+        """The checkpoint writer's shared-storage probe on `directory`: None, or the error it raised."""
+        from rlframe.workers.engines.checkpoint import SharedStorageError, check_shared_storage
+
+        try:
+            check_shared_storage(directory, is_first=self.rank == 0, group=None)
+            return None
+        except SharedStorageError as err:
+            return str(err)
