@@ -13,7 +13,10 @@ What makes each namespace a host, as far as the framework can tell:
   among the hosts);
 - its own /dev/shm (a tmpfs in a mount namespace of its own), so shared memory never crosses hosts,
   as between machines;
-- its own hostname (`h0`, `h1`, ...), which resolves to nothing (gloo must be told the interface);
+- its own hostname (`h0`, `h1`, ...), resolving to 127.0.1.1 as on a stock Debian host (so gloo,
+  left alone, would bind loopback: it must be told the interface), and a resolver with no server
+  (/etc/netns/<ns>/hosts and resolv.conf, which `ip netns exec` mounts over /etc's), so a name
+  lookup fails at once instead of timing out against an unreachable DNS server;
 - a Ray node whose temp dir is its own.
 Files elsewhere are shared, like the network storage of a cluster; `private_mount(i, path)` hides a
 directory from one host (storage that host cannot see).
@@ -39,6 +42,7 @@ from pathlib import Path
 
 PREFIX = "rlf"  # names: rlf<pid>h<i> (namespace), rlf<pid>v<i> (root side of the veth), rlf<pid>br
 RAY_PORT = 6379
+ETC_NETNS = "/etc/netns"  # ip netns exec mounts /etc/netns/<ns>/<file> over /etc/<file>
 
 
 def unavailable() -> str | None:
@@ -96,6 +100,8 @@ def _remove(owner: int) -> None:
         if ns.startswith(stem + "h"):
             _kill_all(ns)
             _sh("ip", "netns", "del", ns, check=False)
+    for etc in Path(ETC_NETNS).glob(f"{stem}h*"):
+        shutil.rmtree(etc, ignore_errors=True)
     _sh("ip", "link", "del", f"{stem}br", check=False)
 
 
@@ -181,6 +187,10 @@ class NetnsHosts:
         _sh("ip", "link", "set", bridge, "up")
         for i in range(self.n):
             ns, veth = self.ns(i), self.veth(i)
+            etc = Path(ETC_NETNS) / ns
+            etc.mkdir(parents=True, exist_ok=True)
+            (etc / "hosts").write_text(f"127.0.0.1 localhost\n127.0.1.1 h{i}\n")
+            (etc / "resolv.conf").write_text("nameserver 127.0.0.1\n")  # nothing listens: lookups fail at once
             _sh("ip", "netns", "add", ns)
             _sh("ip", "link", "add", veth, "type", "veth", "peer", "name", f"{veth}p")
             _sh("ip", "link", "set", f"{veth}p", "netns", ns)
