@@ -226,6 +226,13 @@ def _check_roles_and_trainer(cfg: RunConfig, out: list[str]) -> None:
     if split and res.placement == "colocated":
         out.append("resources.split_procs is set but resources.placement=colocated ignores it; "
                    "set placement=split or remove split_procs")
+    if res.elastic and res.placement != "colocated":
+        out.append("resources.elastic=true shrinks a colocated run onto the nodes left after a loss; with "
+                   "resources.placement=split a lost node is waited for instead (resources.node_wait_s): set "
+                   "resources.elastic=false")
+    if res.elastic and cfg.trainer.max_restarts < 1:
+        out.append("resources.elastic=true acts when the run restarts after a lost node, but trainer.max_restarts=0 "
+                   "ends the run at the first loss: set trainer.max_restarts=1 (or more)")
     every = cfg.trainer.check_weight_sync_every
     if isinstance(every, bool) or not isinstance(every, int) or every < 0:
         out.append(f"trainer.check_weight_sync_every={every!r} must be a step count >= 0 (0: never check that the "

@@ -162,6 +162,11 @@ CASES = [
      "ray.address=auto"),
     ("resources.use_gpu=true", "resources.use_gpu=true needs 2 GPUs", "resources.use_gpu=false"),
     ("resources.cpus_per_proc=64", "resources.cpus_per_proc=64", "lower resources.cpus_per_proc"),
+    ("resources.node_wait_s=-5", "resources.node_wait_s=-5", "resources.node_wait_s=300"),
+    ("resources.elastic=true resources.placement=split actor.dp=1 critic.dp=1 +resources.split_procs={actor:1}",
+     "resources.elastic=true shrinks a colocated run", "set resources.elastic=false"),
+    ("resources.elastic=true trainer.max_restarts=0", "resources.elastic=true acts when the run restarts",
+     "set trainer.max_restarts=1"),
 ]
 
 

@@ -8,9 +8,9 @@ the driver in h0. Root only (CI runs as root); skipped elsewhere with the reason
   one host cannot see;
 - the GRPO job with fsdp dp across two hosts gives the metrics of the same layout on one host, and
   sends its collectives over the network;
-- a host lost mid-step (its raylet and every process on it killed): the driver names the node,
-  waits for it to come back, resumes from the newest checkpoint and ends with the metrics of the
-  uninterrupted run.
+- a host lost mid-step (its raylet and every process on it killed): the driver names the node and
+  waits; the host comes back; the run resumes from the newest checkpoint and ends with the metrics
+  of the uninterrupted run.
 """
 
 from __future__ import annotations
@@ -141,8 +141,10 @@ def test_a_host_lost_mid_step_is_named_waited_for_and_the_run_resumes(hosts, two
     lost = int(marker.read_text().strip()[1:])  # the paused rank's host: h1 (never h0, the driver's)
     killed_at = time.monotonic()
     hosts.kill_node(lost)
-    time.sleep(3)
-    hosts.start_node(lost)  # the machine comes back
+    said = root / "node-lost.out"
+    while "waiting up to" not in said.read_text() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.1)
+    hosts.start_node(lost)  # the machine comes back while the driver waits for it
     assert proc.wait(timeout=400) == 0, (root / "node-lost.err").read_text()[-5000:]
     recovered_s = time.monotonic() - killed_at
     out = (root / "node-lost.out").read_text()
