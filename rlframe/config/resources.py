@@ -54,6 +54,15 @@ def private_num_cpus(cfg: RunConfig) -> int:
     return cfg.ray.num_cpus or max(16, os.cpu_count() or 1)
 
 
+def node_groups(cfg: RunConfig, procs: int) -> list[int]:
+    """The per-node groups of a pool of `procs` processes: all on one node when the run has one node,
+    else nodes of resources.procs_per_node (and the rest), each group on a node of its own."""
+    per_node = cfg.resources.procs_per_node
+    if cfg.resources.nodes == 1:
+        return [procs]
+    return [per_node] * (procs // per_node) + ([procs % per_node] if procs % per_node else [])
+
+
 def pool_sizes(cfg: RunConfig) -> dict[str, int]:
     """Processes of each resource pool the run creates (see controller/trainers/roles.py)."""
     res = cfg.resources

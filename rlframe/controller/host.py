@@ -49,8 +49,7 @@ class WorkerHost:
         import torch
         import torch.distributed as dist
 
-        if self.backend == "gloo":
-            bind_gloo_to_node_interface()
+        bind_gloo_to_node_interface()  # NCCL runs build gloo groups too (weight channel, vLLM's CPU group)
         os.environ.update(
             {"MASTER_ADDR": master_addr, "MASTER_PORT": str(master_port), "RANK": str(self.rank),
              "WORLD_SIZE": str(self.world_size), "LOCAL_RANK": "0"}

@@ -105,13 +105,20 @@ def _remove(owner: int) -> None:
     _sh("ip", "link", "del", f"{stem}br", check=False)
 
 
+def _owner(name: str, sep: str) -> int | None:
+    """The pid in a name `rlf<pid><sep>...` this module gives its namespaces, files and bridges."""
+    rest = name[len(PREFIX):]
+    head = rest.split(sep, 1)[0]
+    return int(head) if name.startswith(PREFIX) and sep in rest and head.isdigit() else None
+
+
 def sweep_stale() -> list[int]:
-    """Remove what harnesses of processes that no longer exist left behind (a killed test run)."""
-    owners = set()
-    for ns in _namespaces():
-        rest = ns[len(PREFIX):]
-        if ns.startswith(PREFIX) and "h" in rest and rest.split("h", 1)[0].isdigit():
-            owners.add(int(rest.split("h", 1)[0]))
+    """Remove what harnesses of processes that no longer exist left behind (a killed test run):
+    namespaces, their /etc/netns entries and bridges."""
+    links = _sh("ip", "-o", "link", "show", "type", "bridge", check=False).stdout
+    names = ([(ns, "h") for ns in _namespaces()] + [(p.name, "h") for p in Path(ETC_NETNS).glob(f"{PREFIX}*")]
+             + [(line.split(":")[1].strip(), "br") for line in links.splitlines() if ":" in line])
+    owners = {o for name, sep in names if (o := _owner(name, sep)) is not None}
     stale = [o for o in owners if o != os.getpid() and not Path(f"/proc/{o}").exists()]
     for owner in stale:
         _remove(owner)
@@ -216,7 +223,10 @@ class NetnsHosts:
         self._up = False
         _remove(os.getpid())
         for anchor in self.anchors:
-            anchor.wait(timeout=10)
+            try:
+                anchor.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                anchor.kill()
         self.anchors = []
         shutil.rmtree(self.tmp, ignore_errors=True)
         atexit.unregister(self.close)
@@ -324,6 +334,7 @@ class NetnsHosts:
         finally:
             if proc.poll() is None:
                 proc.kill()
-        out.seek(0)
-        err.seek(0)
-        return JobRun(proc.returncode, out.read(), err.read(), time.monotonic() - t0, at_step)
+        with out, err:
+            out.seek(0)
+            err.seek(0)
+            return JobRun(proc.returncode, out.read(), err.read(), time.monotonic() - t0, at_step)

@@ -1,17 +1,17 @@
 """A lost node: which one, and where the run goes on (restart.py calls this between attempts).
 
     dead = dead_ranks(trainer.roles)           # (group, roles, rank, node id) of every dead process
-    lost = lost_nodes(dead)                    # the nodes among theirs that Ray counts dead: address, ranks
-    cfg = room_after_loss(cfg, lost)           # the cluster fits the layout again: go on with cfg
-                                               # elastic: a smaller dp that fits the nodes that remain
+    lost = lost_nodes(dead)                    # the nodes among theirs that went down: address, ranks
+    cfg = room_after_loss(cfg, lost)           # the cluster can place the run again: go on with cfg
+                                               # elastic: the largest smaller dp that is valid and fits
                                                # else wait up to resources.node_wait_s, then NodeLost
 
 A node is lost when its raylet dies (the machine went down, its network, an OOM-killed raylet): Ray
-marks it dead after its health checks fail, and every actor on it with it. Each attempt's layout
-needs `resources.nodes` distinct nodes with room for `resources.procs_per_node` processes (the
-resource pool places each node's group on a node of its own), so after a loss the run either finds
-enough nodes alive (the cluster had a spare, or the node came back) or shrinks, or ends with a
-message that says what it waited for and how to go on.
+marks it dead after its health checks fail, and every actor on it with it. Each pool of the run is
+placed as per-node groups on distinct nodes (config/resources.node_groups, the resource pool), so
+after a loss the run either finds room for all its pools on the nodes alive (the cluster had a
+spare, or the node came back), or shrinks, or ends with a message that says what it waited for and
+how to go on.
 """
 
 from __future__ import annotations
@@ -47,69 +47,92 @@ def node_table() -> dict[str, dict]:
                           "resources": dict(n.get("Resources") or {})} for n in ray.nodes()}
 
 
-def node_answers(node_id: str, *, timeout_s: float = 120.0) -> bool:
-    """Whether node `node_id` still runs work: a task pinned to it finishes (True), or Ray marks the
-    node dead first (False). A dead rank's node may still count alive for a while after it went down
-    (until its health checks fail), so its liveness is asked, not read."""
+def _here() -> bool:
+    return True
+
+
+def nodes_answer(node_ids, *, timeout_s: float = 120.0) -> dict[str, bool]:
+    """Whether each node still runs work: a task pinned to it finishes (True), or Ray marks the node
+    dead first (False). A node that went down may count alive for a while (until its health checks
+    fail), so its liveness is asked, not read; a node that does neither within `timeout_s` counts up."""
     import ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-    probe = ray.remote(num_cpus=0, max_retries=0)(_here).options(
-        scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False)).remote()
+    node_ids = list(dict.fromkeys(node_ids))
+    if not node_ids:
+        return {}
+    table = node_table()
+    verdict = {n: False for n in node_ids if not table.get(n, {}).get("alive", False)}
+    here = ray.remote(num_cpus=0, max_retries=0)(_here)
+    probes = {here.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n, soft=False)).remote(): n
+              for n in node_ids if n not in verdict}
     deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        ready, _ = ray.wait([probe], timeout=1.0)
-        if ready:
+    while probes and time.monotonic() < deadline:
+        ready, _ = ray.wait(list(probes), num_returns=len(probes), timeout=1.0)
+        for ref in ready:
             try:
-                ray.get(probe)
-                return True
+                ray.get(ref)
+                verdict[probes.pop(ref)] = True
             except Exception:  # noqa: BLE001 - the node died under the probe
-                return False
-        if not node_table().get(node_id, {}).get("alive", False):
-            return False
-    ray.cancel(probe, force=True)
-    return True  # neither answered nor declared dead: treat as alive (the restart then goes as for a killed rank)
-
-
-def _here() -> bool:
-    return True
+                verdict[probes.pop(ref)] = False
+        table = node_table()
+        for ref, node in list(probes.items()):
+            if not table.get(node, {}).get("alive", False):
+                verdict[probes.pop(ref)] = False
+    for ref, node in probes.items():
+        ray.cancel(ref, force=True)
+        verdict[node] = True
+    return verdict
 
 
 def lost_nodes(dead: list[tuple[str, list[str], int, str | None]]) -> list[LostNode]:
     """The nodes of the dead ranks that went down with them (a rank killed on a live node is not a lost node)."""
     table = node_table()
-    down = {node: not (table[node]["alive"] and node_answers(node))
-            for node in dict.fromkeys(n for *_, n in dead if n in table)}
+    up = nodes_answer(n for *_, n in dead if n in table)
     lost: dict[str, LostNode] = {}
     for group, _, rank, node in dead:
-        if down.get(node):
+        if up.get(node) is False:
             lost.setdefault(node, LostNode(node, table[node]["address"], [])).ranks.append((group, rank))
     return list(lost.values())
 
 
-def nodes_needed(cfg: RunConfig) -> tuple[int, dict[str, float]]:
-    """(distinct nodes, resources each must have) for the run's largest pool."""
-    from rlframe.config.resources import pool_sizes
+def pool_groups(cfg: RunConfig) -> dict[str, list[int]]:
+    """The per-node groups (process counts) of every pool the run places."""
+    from rlframe.config.resources import node_groups, pool_sizes
 
+    return {name: node_groups(cfg, procs) for name, procs in pool_sizes(cfg).items()}
+
+
+def _slots(resources: dict[str, float], cfg: RunConfig) -> int:
+    """How many of the run's processes a node of `resources` holds."""
     res = cfg.resources
-    per_node = {"CPU": res.procs_per_node * res.cpus_per_proc, **({"GPU": float(res.procs_per_node)} if res.use_gpu else {})}
-    largest = max(pool_sizes(cfg).values())
-    return -(-largest // res.procs_per_node), per_node
+    slots = int(resources.get("CPU", 0.0) // res.cpus_per_proc) if res.cpus_per_proc > 0 else 1 << 30
+    if res.use_gpu:
+        slots = min(slots, int(resources.get("GPU", 0.0)))
+    return slots
 
 
-def nodes_with_room(per_node: dict[str, float]) -> list[str]:
-    """Addresses of the alive nodes whose resources hold one node's share of the run."""
-    return sorted(n["address"] for n in node_table().values()
-                  if n["alive"] and all(n["resources"].get(k, 0.0) >= v for k, v in per_node.items()))
+def alive_slots(cfg: RunConfig) -> dict[str, int]:
+    """Address -> processes of the run it holds, for every alive node that holds at least one."""
+    out = {n["address"] + f"#{i}": _slots(n["resources"], cfg)
+           for i, n in enumerate(node_table().values()) if n["alive"]}
+    return {k: v for k, v in out.items() if v > 0}
 
 
-def fits(cfg: RunConfig) -> bool:
-    import ray
-
-    from rlframe.config.resources import check_joined_cluster
-
-    count, per_node = nodes_needed(cfg)
-    return len(nodes_with_room(per_node)) >= count and not check_joined_cluster(cfg, ray.cluster_resources())
+def fits(cfg: RunConfig, slots: dict[str, int] | None = None) -> bool:
+    """Whether every pool's per-node groups can be placed on the alive nodes, the groups of one pool
+    on distinct nodes (largest groups first, each on the node with the most room left)."""
+    free = dict(alive_slots(cfg) if slots is None else slots)
+    groups = sorted(((size, pool) for pool, sizes in pool_groups(cfg).items() for size in sizes), reverse=True)
+    used: dict[str, set[str]] = {}
+    for size, pool in groups:
+        candidates = [n for n, room in free.items() if room >= size and n not in used.setdefault(pool, set())]
+        if not candidates:
+            return False
+        node = max(candidates, key=lambda n: free[n])
+        free[node] -= size
+        used[pool].add(node)
+    return True
 
 
 def shrunk(cfg: RunConfig, nodes: int) -> RunConfig | None:
@@ -120,45 +143,63 @@ def shrunk(cfg: RunConfig, nodes: int) -> RunConfig | None:
     res = cfg.resources
     if res.placement != "colocated" or nodes < 1 or nodes >= res.nodes:
         return None
-    scale = (nodes, res.nodes)
-    if any((role.dp * scale[0]) % scale[1] for role in (cfg.actor, cfg.critic)):
+    roles = ["actor"] + (["critic"] if cfg.uses_critic else [])
+    if any((getattr(cfg, role).dp * nodes) % res.nodes for role in roles):
         return None
-    smaller = dataclasses.replace(
-        cfg, resources=dataclasses.replace(res, nodes=nodes),
-        actor=dataclasses.replace(cfg.actor, dp=cfg.actor.dp * scale[0] // scale[1]),
-        critic=dataclasses.replace(cfg.critic, dp=cfg.critic.dp * scale[0] // scale[1]))
+    scaled = {role: dataclasses.replace(getattr(cfg, role), dp=getattr(cfg, role).dp * nodes // res.nodes)
+              for role in roles}
     try:
-        return validate(smaller)
+        return validate(dataclasses.replace(cfg, resources=dataclasses.replace(res, nodes=nodes), **scaled))
     except ConfigError:
         return None
+
+
+def largest_shrink(cfg: RunConfig, slots: dict[str, int]) -> RunConfig | None:
+    """The valid layout on the most nodes (fewer than the run's) that fits `slots`, or None."""
+    for nodes in range(min(len(slots), cfg.resources.nodes - 1), 0, -1):
+        smaller = shrunk(cfg, nodes)
+        if smaller is not None and fits(smaller, slots):
+            return smaller
+    return None
+
+
+def _needs(cfg: RunConfig) -> str:
+    res = cfg.resources
+    each = f"{res.cpus_per_proc:g} CPU" + (" and 1 GPU" if res.use_gpu else "")
+    return (f"room for its pools' per-node groups {pool_groups(cfg)} (processes of {each}; a pool's groups on "
+            "distinct nodes)")
+
+
+def _have(cfg: RunConfig) -> str:
+    slots = alive_slots(cfg)
+    return ", ".join(f"{k.split('#')[0]}: {v}" for k, v in sorted(slots.items())) or "none"
 
 
 def room_after_loss(cfg: RunConfig, lost: list[LostNode], *, poll_s: float = 2.0) -> RunConfig:
     """The config the next attempt runs with once the cluster can hold it (see the module docstring)."""
     if not lost or fits(cfg):
         return cfg
-    count, per_node = nodes_needed(cfg)
     what = "; ".join(map(str, lost))
     if cfg.resources.elastic:
-        remaining = len(nodes_with_room(per_node))
-        smaller = shrunk(cfg, remaining)
+        smaller = largest_shrink(cfg, alive_slots(cfg))
         if smaller is not None:
-            say(f"lost {what}; resources.elastic=true: going on with {remaining} node(s) instead of "
-                f"{cfg.resources.nodes} (actor dp {cfg.actor.dp} -> {smaller.actor.dp}, critic dp {cfg.critic.dp} -> "
-                f"{smaller.critic.dp}); the global batch is unchanged")
+            say(f"lost {what}; resources.elastic=true: going on with {smaller.resources.nodes} node(s) instead of "
+                f"{cfg.resources.nodes} (actor dp {cfg.actor.dp} -> {smaller.actor.dp}"
+                + (f", critic dp {cfg.critic.dp} -> {smaller.critic.dp}" if cfg.uses_critic else "")
+                + "); the global batch is unchanged")
             return smaller
-        say(f"lost {what}; resources.elastic=true, but no smaller layout on {remaining} node(s) is valid: waiting")
+        say(f"lost {what}; resources.elastic=true, but no smaller valid layout fits the nodes left: waiting")
     wait_s = cfg.resources.node_wait_s
-    say(f"lost {what}; the run needs {count} node(s) with {per_node} each, {len(nodes_with_room(per_node))} are "
-        f"alive with room: waiting up to {wait_s:.0f}s (resources.node_wait_s) for nodes to join")
+    say(f"lost {what}; the run needs {_needs(cfg)}, the nodes alive hold (processes) {_have(cfg)}: waiting up to "
+        f"{wait_s:.0f}s (resources.node_wait_s) for nodes to join")
     deadline = time.monotonic() + wait_s
     while time.monotonic() < deadline:
         time.sleep(poll_s)
         if fits(cfg):
-            say(f"the cluster has room for the run again ({', '.join(nodes_with_room(per_node))})")
+            say(f"the cluster has room for the run again ({_have(cfg)})")
             return cfg
     raise NodeLost(
-        f"lost {what}, and within {wait_s:.0f}s (resources.node_wait_s) the cluster did not get back {count} node(s) "
-        f"with {per_node} each (alive with room: {nodes_with_room(per_node) or 'none'}). Nothing written is lost: "
-        "bring the node back (or add one) and launch the same command again (trainer.resume=auto continues from "
-        "the newest checkpoint), or set resources.elastic=true to go on with fewer nodes")
+        f"lost {what}, and within {wait_s:.0f}s (resources.node_wait_s) the cluster did not get back {_needs(cfg)}; "
+        f"the nodes alive hold (processes) {_have(cfg)}. Nothing written is lost: bring the node back (or add one) and "
+        "launch the same command again (trainer.resume=auto continues from the newest checkpoint), or set "
+        "resources.elastic=true to go on with fewer nodes")

@@ -19,6 +19,7 @@ from __future__ import annotations
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Callable
 
+from rlframe.config.resources import node_groups
 from rlframe.config.schema import RunConfig
 from rlframe.controller.resource_pool import ResourcePool
 from rlframe.controller.worker_group import HostSet
@@ -35,10 +36,8 @@ def import_in_background(fn: Callable, *args) -> Future:
 
 
 def role_pool(cfg: RunConfig, procs: int, name: str) -> ResourcePool:
-    """The pool of `procs` processes for group `name`, filling nodes of resources.procs_per_node."""
-    per_node = cfg.resources.procs_per_node
-    nodes = [per_node] * (procs // per_node) + ([procs % per_node] if procs % per_node else [])
-    return ResourcePool(procs_per_node=nodes, use_gpu=cfg.resources.use_gpu,
+    """The pool of `procs` processes for group `name` (its per-node groups: config/resources.node_groups)."""
+    return ResourcePool(procs_per_node=node_groups(cfg, procs), use_gpu=cfg.resources.use_gpu,
                         cpus_per_proc=cfg.resources.cpus_per_proc, name=name)
 
 

@@ -48,37 +48,26 @@ class WorkerRestartsExhausted(RuntimeError):
 def dead_ranks(roles, *, timeout_s: float = 10.0, node_timeout_s: float = 90.0) -> list[tuple[str, list[str], int, str | None]]:
     """(group name, roles it hosts, rank, Ray node id) of every host process that is gone.
 
-    A live rank answers `pid()`, or is busy (stuck in a collective with the dead one) and does not
-    answer within `timeout_s`; a dead one fails the call with RayActorError. A rank whose node went
-    down may neither answer nor fail until Ray's health checks have marked the node dead, so ranks
-    that did not answer are watched for up to `node_timeout_s` more while their node is still
-    counted alive.
+    A live rank answers `pid()` within `timeout_s`; a dead one fails the call with RayActorError.
+    A rank that does neither is busy (stuck in a collective with the dead one) or on a node that
+    went down and that Ray has not marked dead yet (until its health checks fail): its node is asked
+    (node_loss.nodes_answer, at most `node_timeout_s`), and only a node that is down makes it dead.
     """
     import ray
     from ray.exceptions import RayActorError
 
-    from rlframe.controller.trainers.node_loss import node_table
+    from rlframe.controller.trainers.node_loss import nodes_answer
 
     hosts: dict[int, tuple[object, list[str]]] = {}
-    for role in ("actor", "critic", "ref", "reward_model"):
+    for role in ("actor", "critic", "ref", "reward_model", "generator"):
         group = getattr(roles, role, None)
         if group is not None:
             hosts.setdefault(id(group.hosts), (group.hosts, []))[1].append(role)
     probes = [(h.name, names, rank, node, actor.pid.remote())
               for h, names in hosts.values() for rank, (actor, node) in enumerate(zip(h.actors, h.rank_nodes()))]
-    refs = [p[4] for p in probes]
-    ready, pending = ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
-    deadline = time.monotonic() + node_timeout_s
-    table = node_table()
-    # unanswered ranks on nodes Ray still counts alive: a lost node is not declared dead yet
-    while pending and time.monotonic() < deadline and any(table.get(p[3], {}).get("alive") for p in probes
-                                                          if p[4] in set(pending)):
-        more, pending = ray.wait(pending, num_returns=len(pending), timeout=1.0)
-        ready += more
-        table = node_table()
-        if pending and all(not table.get(p[3], {}).get("alive", True) for p in probes if p[4] in set(pending)):
-            break
-    ready = set(ready)
+    ready, pending = ray.wait([p[4] for p in probes], num_returns=len(probes), timeout=timeout_s)
+    ready, pending = set(ready), set(pending)
+    up = nodes_answer({p[3] for p in probes if p[4] in pending and p[3] is not None}, timeout_s=node_timeout_s)
     dead = []
     for name, names, rank, node, ref in probes:
         if ref in ready:
@@ -86,8 +75,8 @@ def dead_ranks(roles, *, timeout_s: float = 10.0, node_timeout_s: float = 90.0) 
                 ray.get(ref)
             except RayActorError:
                 dead.append((name, names, rank, node))
-        elif node is not None and not table.get(node, {}).get("alive", True):
-            dead.append((name, names, rank, node))  # on a node Ray counts dead
+        elif up.get(node) is False:
+            dead.append((name, names, rank, node))  # on a node that is down
     return dead
 
 
