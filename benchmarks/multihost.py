@@ -208,7 +208,8 @@ def main() -> None:
         "kill to step 3's metrics of the resumed run; the metrics are compared with the same run uninterrupted. "
         "Elastic goes on at dp 1: the same samples, but each rank shuffles its own share into mini-batches, so with "
         "two mini-batches per step a mini-batch holds other samples at dp 1 than at dp 2, and the updates differ "
-        "(with one mini-batch per step they agree up to the order of float additions).",
+        "(with one mini-batch per step, step 3's losses agree to 5e-5 relative and every step's rewards are the "
+        "same).",
         markdown_table(["what happened to the host", "exit code", "s from kill to step 3 done", "metrics equal to "
                         "uninterrupted", "what the driver said"], results["node-loss"]),
     ] if "node-loss" in results else []))
