@@ -143,6 +143,13 @@ class RolloutSection:
     # Partial rollouts (0: off): each generation round gives an unfinished response at most this many
     # tokens; the rest is carried over and continued with the weights of later steps.
     partial_budget: int = 0
+    # vLLM's CUDA graphs (enforce_eager=false) and prefix caching (GRPO's n samples share a prompt);
+    # null: on GPU CUDA graphs and prefix caching on, on CPU both off (the CPU backend is eager).
+    enforce_eager: bool | None = None
+    enable_prefix_caching: bool | None = None
+    # Further vllm.LLM(...) keywords (vllm.EngineArgs), applied last; keys rlframe derives from other
+    # settings are refused (config/validate.py names the setting to use).
+    engine_kwargs: dict = field(default_factory=dict)
 
 
 @dataclass

@@ -25,6 +25,19 @@ class ConfigError(ValueError):
         super().__init__("invalid configuration:\n" + "\n".join(f"  - {p}" for p in problems))
 
 
+# vllm.LLM keywords rlframe derives from its own settings (workers/rollout/vllm_engine.llm_kwargs):
+# rollout.engine_kwargs may not override them.
+ENGINE_KWARGS_OWNED = {
+    "model": "model.path", "dtype": "actor.precision", "max_model_len": "data.prompt_length + data.response_length",
+    "tensor_parallel_size": "rollout.tp", "data_parallel_size": "the generation group's processes / rollout.tp",
+    "distributed_executor_backend": "the worker group (external_launcher)", "seed": "trainer.seed",
+    "load_format": "the weight sync", "enable_sleep_mode": "the hybrid engine", "logprobs_mode": "the loss",
+    "enable_lora": "actor.lora_rank", "max_lora_rank": "actor.lora_rank", "max_num_seqs": "rollout.max_num_seqs",
+    "gpu_memory_utilization": "rollout.gpu_memory_utilization", "kv_cache_memory_bytes": "rollout.kv_cache_bytes",
+    "enforce_eager": "rollout.enforce_eager", "enable_prefix_caching": "rollout.enable_prefix_caching",
+}
+
+
 def load_class(target: str):
     """The class named by "package.module:Class" (ValueError saying what is wrong otherwise)."""
     module, _, name = target.partition(":")
@@ -226,6 +239,13 @@ def _check_roles_and_trainer(cfg: RunConfig, out: list[str]) -> None:
     if split and res.placement == "colocated":
         out.append("resources.split_procs is set but resources.placement=colocated ignores it; "
                    "set placement=split or remove split_procs")
+    if res.placement == "split" and res.use_gpu:
+        out.append("resources.placement=split with resources.use_gpu=true: the weight channel between the actor and "
+                   "generation groups is gloo over TCP, which cannot send CUDA tensors; use "
+                   "resources.placement=colocated on GPU (the hybrid engine), or resources.use_gpu=false")
+    for key in sorted(set(cfg.rollout.engine_kwargs or {}) & set(ENGINE_KWARGS_OWNED)):
+        out.append(f"rollout.engine_kwargs.{key} is set by rlframe from {ENGINE_KWARGS_OWNED[key]}; set that instead "
+                   "and remove it from rollout.engine_kwargs")
     if res.elastic and res.placement != "colocated":
         out.append("resources.elastic=true shrinks a colocated run onto the nodes left after a loss; with "
                    "resources.placement=split a lost node is waited for instead (resources.node_wait_s): set "

@@ -53,6 +53,9 @@ def rollout_config(section: RolloutSection, *, max_model_len: int, seed: int, co
         dtype=str(compute_dtype).removeprefix("torch."), max_num_seqs=section.max_num_seqs,
         gpu_memory_utilization=section.gpu_memory_utilization,
         kv_cache_bytes=kv_cache_bytes(section, on_gpu=on_gpu), seed=seed,
+        enforce_eager=(not on_gpu) if section.enforce_eager is None else section.enforce_eager,
+        enable_prefix_caching=on_gpu if section.enable_prefix_caching is None else section.enable_prefix_caching,
+        vllm_kwargs=dict(section.engine_kwargs),
     )
 
 

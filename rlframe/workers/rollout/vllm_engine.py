@@ -76,6 +76,8 @@ from rlframe.workers.rollout.batch import assemble_batch, read_prompts, read_row
 from rlframe.workers.rollout.config import RolloutConfig, SamplingConfig
 from rlframe.workers.rollout.lora import PEFT_PREFIX, AdapterSpec, lora_param_shapes, vllm_max_lora_rank
 from rlframe.workers.rollout.vllm_adapt import (
+    check_vllm_version,
+    gpu_kwargs,
     distributed_kwargs,
     eager_token_ranks,
     own_pace_steps,
@@ -157,7 +159,8 @@ def llm_kwargs(model_path: str, config: RolloutConfig, *, is_cpu: bool, sleep_su
     if config.lora_rank > 0:
         kwargs.update(enable_lora=True, max_lora_rank=vllm_max_lora_rank(config.lora_rank), max_loras=1)
     kwargs.update(distributed_kwargs(config.tensor_parallel_size))
-    kwargs.update(config.vllm_kwargs)
+    kwargs.update(gpu_kwargs(config.tensor_parallel_size, is_cpu=is_cpu))
+    kwargs.update(config.vllm_kwargs)  # rollout.engine_kwargs: the user's last word
     return kwargs
 
 
@@ -173,10 +176,12 @@ class VLLMRolloutEngine(RolloutEngine):
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         remove_stale_cpu_shm()
         os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", cpu_threads_bind)
+        import vllm
         from vllm import LLM
         from vllm.distributed import get_tensor_model_parallel_rank
         from vllm.platforms import current_platform
 
+        check_vllm_version(vllm.__version__)
         self.model_path = str(model_path)
         self.tp = config.tensor_parallel_size
         self.is_cpu = current_platform.is_cpu()
@@ -198,6 +203,11 @@ class VLLMRolloutEngine(RolloutEngine):
         gc.freeze()
         try:
             self.llm = LLM(**kwargs)
+        except TypeError as err:
+            if config.vllm_kwargs and "argument" in str(err):
+                raise ValueError(f"rollout.engine_kwargs={config.vllm_kwargs}: vLLM {vllm.__version__} refused them "
+                                 f"({err}); use keywords of vllm.EngineArgs") from err
+            raise
         finally:
             torch.set_num_threads = set_num_threads
         self._own_pace = replicas_at_own_pace(self.llm)

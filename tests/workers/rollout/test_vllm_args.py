@@ -1,0 +1,63 @@
+"""The vLLM engine's arguments on GPU and CPU, checked on the CPU: what a first GPU run would
+otherwise find by crashing (vLLM's custom all-reduce with one visible GPU per actor, a vLLM of
+another release), the GPU defaults of CUDA graphs and prefix caching, and the user's engine keywords."""
+
+import pytest
+import torch
+
+from rlframe.config import load_config, validate
+from rlframe.workers.common import rollout_config
+from rlframe.workers.rollout.vllm_adapt import check_vllm_version, gpu_kwargs
+
+
+def test_tensor_parallel_on_gpu_turns_vllms_custom_all_reduce_off():
+    assert gpu_kwargs(2, is_cpu=False) == {"disable_custom_all_reduce": True}
+    assert gpu_kwargs(8, is_cpu=False) == {"disable_custom_all_reduce": True}
+    assert gpu_kwargs(1, is_cpu=False) == {} and gpu_kwargs(2, is_cpu=True) == {}
+
+
+@pytest.mark.parametrize("installed", ["0.32.0", "0.32.0+cpu", "0.32.1", "0.32"])
+def test_the_pinned_vllm_release_is_accepted(installed):
+    check_vllm_version(installed)
+
+
+@pytest.mark.parametrize("installed", ["0.11.0", "0.33.0", "0.3.2"])
+def test_another_vllm_release_is_refused_with_what_to_install(installed):
+    with pytest.raises(RuntimeError, match=rf"needs vLLM 0\.32\.x .* imports vLLM {installed}\. .*vllm==0\.32\.0"):
+        check_vllm_version(installed)
+
+
+def engine_config(*overrides, on_gpu):
+    cfg = validate(load_config("grpo_tiny", list(overrides)))
+    return rollout_config(cfg.rollout, max_model_len=64, seed=0, compute_dtype=torch.float32, on_gpu=on_gpu)
+
+
+def test_cuda_graphs_and_prefix_caching_are_on_by_default_on_gpu_only():
+    gpu, cpu = engine_config(on_gpu=True), engine_config(on_gpu=False)
+    assert (gpu.enforce_eager, gpu.enable_prefix_caching) == (False, True)
+    assert (cpu.enforce_eager, cpu.enable_prefix_caching) == (True, False)
+    forced = engine_config("rollout.enforce_eager=true", "rollout.enable_prefix_caching=false", on_gpu=True)
+    assert (forced.enforce_eager, forced.enable_prefix_caching) == (True, False)
+
+
+def test_engine_kwargs_reach_the_engine_and_owned_keys_are_refused():
+    from rlframe.config import ConfigError
+
+    assert engine_config("rollout.engine_kwargs={swap_space: 2}", on_gpu=True).vllm_kwargs == {"swap_space": 2}
+    with pytest.raises(ConfigError, match=r"rollout.engine_kwargs.tensor_parallel_size is set by rlframe from rollout.tp"):
+        engine_config("rollout.engine_kwargs={tensor_parallel_size: 4}", on_gpu=True)
+
+
+@pytest.mark.gpu
+def test_vllm_on_this_gpu_is_the_pinned_release_and_builds_with_cuda_graphs(tmp_path):
+    import vllm
+
+    from rlframe.data.tiny_model import build_random_model
+    from rlframe.workers.rollout.config import RolloutConfig
+    from rlframe.workers.rollout.vllm_engine import VLLMRolloutEngine
+
+    check_vllm_version(vllm.__version__)
+    path = build_random_model(tmp_path / "model")
+    engine = VLLMRolloutEngine(str(path), config=RolloutConfig(backend="vllm", enforce_eager=False,
+                                                               enable_prefix_caching=True, kv_cache_bytes=None))
+    assert engine.llm is not None
