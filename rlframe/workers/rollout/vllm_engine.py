@@ -204,7 +204,7 @@ class VLLMRolloutEngine(RolloutEngine):
         try:
             self.llm = LLM(**kwargs)
         except TypeError as err:
-            if config.vllm_kwargs and "argument" in str(err):
+            if any(f"'{key}'" in str(err) for key in config.vllm_kwargs):
                 raise ValueError(f"rollout.engine_kwargs={config.vllm_kwargs}: vLLM {vllm.__version__} refused them "
                                  f"({err}); use keywords of vllm.EngineArgs") from err
             raise
@@ -288,13 +288,15 @@ class VLLMRolloutEngine(RolloutEngine):
         assembler = ShardAssembler(needed=self._needed, full_shapes=self._shapes,
                                    full_shape_buffers=not kernel_format, fill=outside_fill)
         self._last_stats = assembler.stats
-        if kernel_format:
-            with self._kernel_format_update(assembler) as consume:
-                yield consume
-        else:
-            with self._checkpoint_format_update(assembler) as consume:
-                yield consume
-        self.llm.reset_prefix_cache()
+        try:
+            if kernel_format:
+                with self._kernel_format_update(assembler) as consume:
+                    yield consume
+            else:
+                with self._checkpoint_format_update(assembler) as consume:
+                    yield consume
+        finally:  # even a sync that failed half-way may have written weights: no KV of the old ones is reused
+            self._reset_prefix_cache()
 
     @contextmanager
     def _checkpoint_format_update(self, assembler: ShardAssembler) -> Iterator[Consumer]:
@@ -394,11 +396,21 @@ class VLLMRolloutEngine(RolloutEngine):
                         t[box.slices()] *= spec.scaling  # only the box: the rest is never read
                     tensors[PEFT_PREFIX + name] = t
 
-        yield consume
-        assembler.check_complete()
-        with timed(assembler.stats), torch.no_grad():
-            self._install_adapter(tensors, spec)
-        self.llm.reset_prefix_cache()
+        try:
+            yield consume
+            assembler.check_complete()
+            with timed(assembler.stats), torch.no_grad():
+                self._install_adapter(tensors, spec)
+        finally:
+            self._reset_prefix_cache()
+
+    def _reset_prefix_cache(self) -> None:
+        """Drop every cached KV block after the weights changed. vLLM refuses (False) while a request
+        still holds blocks, which would let blocks computed with the old weights serve later prompts."""
+        if self.llm.reset_prefix_cache() is False:
+            raise RuntimeError("vLLM kept its prefix cache after a weight update because requests still hold KV "
+                               "blocks (a generate that did not finish?); later prompts could reuse KV computed "
+                               "with the old weights")
 
     def _install_adapter(self, tensors: dict[str, torch.Tensor], spec: AdapterSpec) -> None:
         """Register the adapter in vLLM's worker LoRA manager under a new id; drop every older one."""

@@ -43,9 +43,24 @@ def test_cuda_graphs_and_prefix_caching_are_on_by_default_on_gpu_only():
 def test_engine_kwargs_reach_the_engine_and_owned_keys_are_refused():
     from rlframe.config import ConfigError
 
-    assert engine_config("rollout.engine_kwargs={swap_space: 2}", on_gpu=True).vllm_kwargs == {"swap_space": 2}
+    assert engine_config("rollout.engine_kwargs={cpu_offload_gb: 2}", on_gpu=True).vllm_kwargs == {"cpu_offload_gb": 2}
     with pytest.raises(ConfigError, match=r"rollout.engine_kwargs.tensor_parallel_size is set by rlframe from rollout.tp"):
         engine_config("rollout.engine_kwargs={tensor_parallel_size: 4}", on_gpu=True)
+    with pytest.raises(ConfigError, match=r"rollout.engine_kwargs.disable_custom_all_reduce is set by rlframe"):
+        engine_config("rollout.engine_kwargs={disable_custom_all_reduce: false}", on_gpu=True)
+
+
+def test_every_engine_keyword_rlframe_sets_is_owned():
+    """rollout.engine_kwargs may not override what llm_kwargs derives (the list in validate.py)."""
+    from rlframe.config.validate import ENGINE_KWARGS_OWNED
+    from rlframe.workers.rollout.config import RolloutConfig
+    from rlframe.workers.rollout.vllm_engine import llm_kwargs
+
+    for is_cpu in (True, False):
+        config = RolloutConfig(backend="vllm", lora_rank=8, block_size=32, max_num_batched_tokens=4096)
+        keys = set(llm_kwargs("m", config, is_cpu=is_cpu, sleep_supported=False))
+        keys |= {"distributed_executor_backend", "tensor_parallel_size", "data_parallel_size", "disable_custom_all_reduce"}
+        assert keys <= set(ENGINE_KWARGS_OWNED), keys - set(ENGINE_KWARGS_OWNED)
 
 
 @pytest.mark.gpu
