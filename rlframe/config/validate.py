@@ -25,7 +25,7 @@ class ConfigError(ValueError):
         super().__init__("invalid configuration:\n" + "\n".join(f"  - {p}" for p in problems))
 
 
-# vllm.LLM keywords rlframe derives from its own settings (workers/rollout/vllm_engine.llm_kwargs):
+# vllm.LLM keywords rlframe derives from its own settings (workers/rollout/vllm_adapt.llm_kwargs):
 # rollout.engine_kwargs may not override them.
 ENGINE_KWARGS_OWNED = {
     "model": "model.path", "dtype": "actor.precision", "max_model_len": "data.prompt_length + data.response_length",

@@ -98,16 +98,6 @@ class WorkerHost:
     def pid(self) -> int:
         return os.getpid()
 
-    def describe(self) -> dict:
-        """Where this rank runs and how it talks: host name, Ray node, rendezvous address, the
-        interface gloo binds and the collective libraries' settings it received."""
-        import ray
-
-        return {"hostname": socket.gethostname(), "node_ip": ray.util.get_node_ip_address(),
-                "node_id": ray.get_runtime_context().get_node_id(), "pid": os.getpid(),
-                "master_addr": os.environ.get("MASTER_ADDR"),
-                "comm_env": {k: v for k, v in os.environ.items() if k.startswith(COMM_ENV_PREFIXES)}}
-
     def held_answers(self) -> int:
         """How many object-store answers of compiled calls this rank still holds for the driver."""
         return len(self._held_answers)

@@ -5,8 +5,9 @@
 go to distinct Ray nodes: each is placed in turn with a label selector that excludes the nodes the
 earlier ones took (on a node with room for both, two STRICT_PACK groups would otherwise share it,
 and "dp across 2 nodes" would silently run on one). Rank r of a group on the pool goes to bundle r
-in node-major order; `node_ids()` says where each node's group went. Several worker groups can share a pool only through
-colocation (one process hosting several roles); separate pools give split placement.
+in node-major order; `node_ids()` says where each node's group went. Several worker groups can
+share a pool only through colocation (one process hosting several roles); separate pools give split
+placement.
 """
 
 from __future__ import annotations
@@ -70,8 +71,7 @@ class ResourcePool:
         return pgs
 
     def node_ids(self) -> list[str]:
-        """The Ray node id of each node's group, in pool order (placing them first if needed)."""
-        self.placement_groups()
+        """The Ray node id of each node's group, in pool order (empty while the pool is not placed)."""
         return list(self._nodes)
 
     def slots(self) -> list[tuple[object, int]]:

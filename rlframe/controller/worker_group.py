@@ -308,7 +308,7 @@ class HostSet:
 
     def rank_nodes(self) -> list[str | None]:
         """The Ray node id each rank was placed on (None where the pool was never placed)."""
-        ids = self.pool.node_ids() if self.pool._pgs else []
+        ids = self.pool.node_ids()
         if not ids:
             return [None] * len(self.actors)
         return [node for node, n in zip(ids, self.pool.procs_per_node) for _ in range(n)]

@@ -172,12 +172,12 @@ class HostFactsWorker(Worker):
     def facts(self):
         import socket
 
-        from rlframe.controller.host import COMM_ENV_PREFIXES
+        from rlframe.controller.worker_group import communication_env
 
         t = torch.tensor([float(self.rank + 1)])
         dist.all_reduce(t)
         return {"hostname": socket.gethostname(), "master_addr": os.environ.get("MASTER_ADDR"),
-                "comm_env": {k: v for k, v in os.environ.items() if k.startswith(COMM_ENV_PREFIXES)},
+                "comm_env": communication_env(),
                 "all_reduce": t.item()}
 
     @register(dispatch=Dispatch.ONE_TO_ALL)

@@ -106,17 +106,16 @@ def pool_groups(cfg: RunConfig) -> dict[str, list[int]]:
 def _slots(resources: dict[str, float], cfg: RunConfig) -> int:
     """How many of the run's processes a node of `resources` holds."""
     res = cfg.resources
-    slots = int(resources.get("CPU", 0.0) // res.cpus_per_proc) if res.cpus_per_proc > 0 else 1 << 30
+    slots = int(resources.get("CPU", 0.0) // res.cpus_per_proc)  # cpus_per_proc > 0 (config/ranges.py)
     if res.use_gpu:
         slots = min(slots, int(resources.get("GPU", 0.0)))
     return slots
 
 
 def alive_slots(cfg: RunConfig) -> dict[str, int]:
-    """Address -> processes of the run it holds, for every alive node that holds at least one."""
-    out = {n["address"] + f"#{i}": _slots(n["resources"], cfg)
-           for i, n in enumerate(node_table().values()) if n["alive"]}
-    return {k: v for k, v in out.items() if v > 0}
+    """Ray node id -> processes of the run it holds, for every alive node that holds at least one."""
+    slots = {node: _slots(n["resources"], cfg) for node, n in node_table().items() if n["alive"]}
+    return {node: count for node, count in slots.items() if count > 0}
 
 
 def fits(cfg: RunConfig, slots: dict[str, int] | None = None) -> bool:
@@ -171,8 +170,8 @@ def _needs(cfg: RunConfig) -> str:
 
 
 def _have(cfg: RunConfig) -> str:
-    slots = alive_slots(cfg)
-    return ", ".join(f"{k.split('#')[0]}: {v}" for k, v in sorted(slots.items())) or "none"
+    table = node_table()
+    return ", ".join(sorted(f"{table[node]['address']}: {count}" for node, count in alive_slots(cfg).items())) or "none"
 
 
 def room_after_loss(cfg: RunConfig, lost: list[LostNode], *, poll_s: float = 2.0) -> RunConfig:

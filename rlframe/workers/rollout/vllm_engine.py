@@ -74,12 +74,11 @@ from rlframe.resharding.formats import ModelDims
 from rlframe.workers.rollout.base import Consumer, RolloutEngine
 from rlframe.workers.rollout.batch import assemble_batch, read_prompts, read_row_seeds, to_data_proto, unpad_prompts
 from rlframe.workers.rollout.config import RolloutConfig, SamplingConfig
-from rlframe.workers.rollout.lora import PEFT_PREFIX, AdapterSpec, lora_param_shapes, vllm_max_lora_rank
+from rlframe.workers.rollout.lora import PEFT_PREFIX, AdapterSpec, lora_param_shapes
 from rlframe.workers.rollout.vllm_adapt import (
     check_vllm_version,
-    gpu_kwargs,
-    distributed_kwargs,
     eager_token_ranks,
+    llm_kwargs,
     own_pace_steps,
     plain_cpu_linears,
     remove_stale_cpu_shm,
@@ -95,7 +94,6 @@ from rlframe.workers.rollout.weight_sync import (
 
 logger = logging.getLogger(__name__)
 
-_LOGPROBS_MODE = {"processed": "processed_logprobs", "raw": "raw_logprobs"}
 
 
 def _model_runner(worker):
@@ -135,33 +133,6 @@ def cpu_settings(config: RolloutConfig, dims: ModelDims) -> RolloutConfig:
         elem = torch.empty((), dtype=getattr(torch, config.dtype)).element_size()
         kv_bytes = min(kv_bytes, dims.num_layers * 2 * kv_heads * dims.head_dim * elem * tokens)
     return replace(config, block_size=block, kv_cache_bytes=kv_bytes)
-
-
-def llm_kwargs(model_path: str, config: RolloutConfig, *, is_cpu: bool, sleep_supported: bool) -> dict:
-    """The `vllm.LLM(...)` keywords for `config` in the calling process group."""
-    kwargs = dict(
-        model=model_path, dtype=config.dtype, max_model_len=config.max_model_len,
-        max_num_seqs=config.max_num_seqs, enforce_eager=config.enforce_eager, seed=config.seed,
-        gpu_memory_utilization=config.gpu_memory_utilization, kv_cache_memory_bytes=config.kv_cache_bytes,
-        enable_prefix_caching=config.enable_prefix_caching, logprobs_mode=_LOGPROBS_MODE[config.logprobs_mode],
-        load_format=config.load_format, enable_sleep_mode=sleep_supported, disable_log_stats=True,
-    )
-    chunked = config.enable_chunked_prefill
-    if chunked is None:
-        chunked = not is_cpu  # see RolloutConfig.enable_chunked_prefill
-    kwargs["enable_chunked_prefill"] = chunked
-    if not chunked:  # without chunking a whole prompt must fit one step's token budget
-        kwargs["max_num_batched_tokens"] = max(config.max_model_len, 8192)
-    if config.max_num_batched_tokens is not None:
-        kwargs["max_num_batched_tokens"] = config.max_num_batched_tokens
-    if config.block_size is not None:
-        kwargs["block_size"] = config.block_size
-    if config.lora_rank > 0:
-        kwargs.update(enable_lora=True, max_lora_rank=vllm_max_lora_rank(config.lora_rank), max_loras=1)
-    kwargs.update(distributed_kwargs(config.tensor_parallel_size))
-    kwargs.update(gpu_kwargs(config.tensor_parallel_size, is_cpu=is_cpu))
-    kwargs.update(config.vllm_kwargs)  # rollout.engine_kwargs: the user's last word
-    return kwargs
 
 
 class VLLMRolloutEngine(RolloutEngine):

@@ -54,7 +54,7 @@ def test_every_engine_keyword_rlframe_sets_is_owned():
     """rollout.engine_kwargs may not override what llm_kwargs derives (the list in validate.py)."""
     from rlframe.config.validate import ENGINE_KWARGS_OWNED
     from rlframe.workers.rollout.config import RolloutConfig
-    from rlframe.workers.rollout.vllm_engine import llm_kwargs
+    from rlframe.workers.rollout.vllm_adapt import llm_kwargs
 
     for is_cpu in (True, False):
         config = RolloutConfig(backend="vllm", lora_rank=8, block_size=32, max_num_batched_tokens=4096)
