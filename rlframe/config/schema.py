@@ -111,6 +111,10 @@ class TrainRoleConfig:
     # On a CPU with AMX (Intel Sapphire Rapids and later) bf16 matmuls are several times faster
     # than fp32 (docs/benchmarks.md); elsewhere bf16 on CPU is slower.
     precision: str = "auto"  # auto | fp32 | bf16
+    # Recompute each decoder layer's activations in the backward instead of keeping them (fsdp:
+    # checkpoint per decoder layer; megatron: full recompute per layer): activation memory of one
+    # layer instead of all of them, for about one more forward per step.
+    activation_checkpointing: bool = False
     # LoRA (strategy=fsdp): lora_rank > 0 trains low-rank adapters on lora_target_modules of every
     # decoder layer instead of the whole model (the base stays frozen; the actor's reference policy
     # is then its base model with adapters off). The adapters' output is scaled by lora_alpha / lora_rank.
