@@ -3,10 +3,13 @@
 A micro-batch (B, T) = [left pad | prompt | response | right pad] has one contiguous run of valid
 tokens per row. Packing puts whole runs into rows of capacity C = the longest run (first-fit
 decreasing), so the model computes on rows * C tokens instead of B * T. Inside a row the runs are
-separated by their position ids, which restart at 0; transformers turns the resets into a
-block-diagonal causal mask when `attention_mask` is None, so packed tokens never attend across
-sequences. Rows never exceed C, so attention cost is at most that of the padded batch, while the
-linear layers (most of the FLOPs) see almost only valid tokens.
+separated by their position ids, which restart at 0: with `attention_mask` None (and no KV cache)
+transformers' sdpa, eager and flex attention turn the resets into a block-diagonal causal mask.
+Flash attention builds no mask; it infers boundaries from position ids only for a batch of one row,
+so it gets them explicitly: `varlen_kwargs()` holds the cumulative sequence lengths over the
+flattened (rows * C) tokens, which is how transformers' varlen path lays out the rows. Either way
+packed tokens never attend across sequences. Rows never exceed C, so attention cost is at most that
+of the padded batch, while the linear layers (most of the FLOPs) see almost only valid tokens.
 
 Per-token results are computed in the packed layout and scattered back to (B, T).
 """
@@ -14,6 +17,7 @@ Per-token results are computed in the packed layout and scattered back to (B, T)
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import accumulate
 
 import torch
 
@@ -30,10 +34,22 @@ class ModelInputs:
     dst_index: torch.Tensor | None  # (N,) flat index into (rows * C) of the same token
     batch_shape: tuple[int, int]  # (B, T)
     tokens_valid: int
+    # Packed only: start of each sequence in the flattened (rows * C) tokens, then rows * C (int32);
+    # the empty slots at a row's end form one sequence of their own. And the longest sequence.
+    cu_seq_lens: torch.Tensor | None = None
+    max_seq_len: int = 0
 
     @property
     def tokens_computed(self) -> int:
         return self.input_ids.numel()
+
+    def varlen_kwargs(self) -> dict:
+        """Sequence boundaries as transformers' FlashAttentionKwargs (model forward keywords) for
+        flash attention's variable-length path; empty when not packed."""
+        if self.cu_seq_lens is None:
+            return {}
+        return {"cu_seq_lens_q": self.cu_seq_lens, "cu_seq_lens_k": self.cu_seq_lens,
+                "max_length_q": self.max_seq_len, "max_length_k": self.max_seq_len}
 
     def unpack(self, values: torch.Tensor) -> torch.Tensor:
         """(rows, C) per-token values -> (B, T), zero on positions that were not computed."""
@@ -99,7 +115,7 @@ def pack_inputs(input_ids, attention_mask, position_ids, *, pad_token_id: int = 
     lens = lengths.tolist()
     cap = max(max(lens), 1)
     rows = first_fit_decreasing(lens, cap)
-    src, dst = [], []
+    src, dst, seq_lens = [], [], []
     for r, members in enumerate(rows):
         offset = 0
         for i in members:
@@ -108,6 +124,10 @@ def pack_inputs(input_ids, attention_mask, position_ids, *, pad_token_id: int = 
             src.append(torch.arange(i * t + s, i * t + s + n))
             dst.append(torch.arange(r * cap + offset, r * cap + offset + n))
             offset += n
+            if n:
+                seq_lens.append(n)
+        if offset < cap:
+            seq_lens.append(cap - offset)
     device = input_ids.device
     src_index = torch.cat(src).to(device)
     dst_index = torch.cat(dst).to(device)
@@ -126,6 +146,8 @@ def pack_inputs(input_ids, attention_mask, position_ids, *, pad_token_id: int = 
         labels=scatter(next_token_labels(input_ids), pad_token_id),
         src_index=src_index, dst_index=dst_index, batch_shape=(b, t),
         tokens_valid=int(lengths.sum()),
+        cu_seq_lens=torch.tensor([0, *accumulate(seq_lens)], dtype=torch.int32, device=device),
+        max_seq_len=max(seq_lens),
     )
 
 

@@ -34,7 +34,9 @@ from rlframe.workers.engines.base import (
 )
 from rlframe.workers.engines.forward import BatchedForward
 from rlframe.workers.engines.micro_batch import restore_order
-from rlframe.workers.engines.fsdp.modeling import cpu_attention, load_config, load_model, resolve_attn_implementation
+from rlframe.workers.engines.fsdp.modeling import (
+    cpu_attention, load_config, load_model, resolve_attn_implementation, run_model,
+)
 from rlframe.workers.engines.optim import (
     build_optimizer, build_scheduler, global_grad_norm, scale_grads_,
 )
@@ -119,8 +121,7 @@ class FSDPTrainEngine(BatchedForward, TrainEngine):
     def _forward(self, data: dict[str, torch.Tensor], *, temperature: float, with_entropy: bool):
         """Per-response-token outputs of one micro-batch: log_probs[/entropy] or values, (b, R)."""
         inputs = self._model_inputs(data)
-        out = self.model(input_ids=inputs.input_ids, attention_mask=inputs.attention_mask,
-                         position_ids=inputs.position_ids, use_cache=False)
+        out = run_model(self.model, inputs)
         resp_len = data["responses"].shape[1]
         stats = {"tokens_valid": inputs.tokens_valid, "tokens_computed": inputs.tokens_computed,
                  "tokens_padded": data["input_ids"].numel()}

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import torch
 
+from rlframe.workers.engines.packing import ModelInputs
 from rlframe.workers.engines.value_head import VALUE_HEAD, fresh_value_head
 
 
@@ -38,8 +39,8 @@ def load_config(path: str):
 def resolve_attn_implementation(name: str, *, on_gpu: bool) -> str:
     """"auto" -> flash_attention_2 on GPU when flash-attn is installed, else sdpa (also on CPU).
 
-    Packed micro-batches carry no attention mask (position ids restart per sequence), which is
-    the form transformers' flash-attention path takes for variable-length packing.
+    Every implementation keeps packed sequences apart: flash attention through the boundaries that
+    `run_model` passes, the others through the mask transformers builds from the position ids.
     """
     import importlib.util
 
@@ -81,6 +82,17 @@ def cpu_attention(attn_implementation: str, *, compute_dtype: torch.dtype) -> st
     AttentionInterface.register(CPU_BF16_ATTENTION, _sdpa_in_fp32)
     AttentionMaskInterface.register(CPU_BF16_ATTENTION, sdpa_mask)
     return CPU_BF16_ATTENTION
+
+
+def run_model(model, inputs: ModelInputs):
+    """The HF model's forward on padded or packed `inputs`. Flash attention (any version) gets the
+    packed sequences' boundaries as keywords: without them it would run plain causal attention
+    over each row of several rows, across the sequences packed in it (packing.py)."""
+    from transformers.utils.generic import is_flash_attention_requested
+
+    varlen = inputs.varlen_kwargs() if is_flash_attention_requested(model.config) else {}
+    return model(input_ids=inputs.input_ids, attention_mask=inputs.attention_mask,
+                 position_ids=inputs.position_ids, use_cache=False, **varlen)
 
 
 def load_model(path: str, *, head: str, seed: int, attn_implementation: str = "sdpa"):
