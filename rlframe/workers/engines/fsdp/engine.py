@@ -260,7 +260,7 @@ class FSDPTrainEngine(BatchedForward, TrainEngine):
     def export_hf(self, path: str) -> None:
         """A full HF model at `path`; with LoRA the adapters merged into it, and PEFT's adapter
         directory (adapter_model.safetensors + adapter_config.json) at `path`/adapter."""
-        full = ckpt.gather_full_state(self.model)
+        full = ckpt.gather_full_state(self.model, keep=self.is_first_rank)  # the writer's alone
         if self.lora is None:
             ckpt.export_hf(self, path, full=full, hf_config=self.model.config, barrier=self._barrier)
             return
