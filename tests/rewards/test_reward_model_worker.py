@@ -122,7 +122,8 @@ def test_reward_model_scores_on_the_gpu(rm_dir, policy_dir, items):
 
     worker = RewardModelWorker(model_paths=[str(rm_dir)], policy_tokenizer_path=str(policy_dir), micro_batch_size=16)
     assert {(p.device.type, p.dtype) for p in worker.models[0].parameters()} == {("cuda", torch.bfloat16)}
-    got = worker.compute_rm_score(policy_batch(AutoTokenizer.from_pretrained(str(policy_dir)), items)).batch["rm_scores"]
+    batch = policy_batch(AutoTokenizer.from_pretrained(str(policy_dir)), items)
+    got = worker.compute_rm_score(batch).batch["rm_scores"]
     cpu_model = AutoModelForSequenceClassification.from_pretrained(str(rm_dir), dtype=torch.float32).eval()
     want = score_texts(cpu_model, AutoTokenizer.from_pretrained(str(rm_dir)), items)
     assert got.device.type == "cpu" and got.dtype == torch.float32

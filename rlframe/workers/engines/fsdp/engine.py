@@ -167,8 +167,8 @@ class FSDPTrainEngine(BatchedForward, TrainEngine):
 
     def _optimizer_step(self) -> dict[str, float]:
         params = [p for p in self.model.parameters() if p.requires_grad]
-        norm = global_grad_norm(params, groups=(self.dp_group, self.tp_group), num_ranks=self.config.dp * self.config.tp,
-                                device=self.device)
+        norm = global_grad_norm(params, groups=(self.dp_group, self.tp_group),
+                                num_ranks=self.config.dp * self.config.tp, device=self.device)
         lr = self.lr
         if not torch.isfinite(norm):
             # Skip-and-report: a NaN/Inf gradient would poison the AdamW moments for good.
