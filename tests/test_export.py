@@ -24,8 +24,17 @@ LAYOUTS = ("fsdp_dp2", "fsdp_tp2", "megatron_pp2", "lora")
 
 
 def _make_checkpoints(rank, world, model_path, root):
+    """Returns, per layout, how many full tensors this rank handed to the HF export."""
+    from rlframe.workers.engines import checkpoint as ckpt
     from tests.workers.engines.reference import dp_slice, engine_on_mesh, make_batch, sft_loss
 
+    held, write = {}, ckpt.export_hf
+
+    def counting_export(engine, path, *, full, **kw):
+        held[os.path.basename(os.path.dirname(path))] = len(full)
+        return write(engine, path, full=full, **kw)
+
+    ckpt.export_hf = counting_export
     batch = make_batch(vocab=100, seed=1)
     for name, dp, tp, extra in (("fsdp_dp2", 2, 1, {}), ("fsdp_tp2", 1, 2, {}),
                                 ("lora", 2, 1, dict(lora_rank=4, lora_alpha=8.0))):
@@ -36,7 +45,7 @@ def _make_checkpoints(rank, world, model_path, root):
     try:
         import megatron.core  # noqa: F401
     except ImportError:
-        return
+        return held
     from rlframe.workers.engines import TrainEngineConfig, get_train_engine
 
     engine = get_train_engine("megatron")(TrainEngineConfig(model_path=model_path, head="lm", pp=2, lr=1e-2,
@@ -44,6 +53,7 @@ def _make_checkpoints(rank, world, model_path, root):
     engine.train_step(sft_loss, batch)
     engine.save_checkpoint(f"{root}/megatron_pp2/step_000001/actor")
     engine.export_hf(f"{root}/megatron_pp2/hf_actor")
+    return held
 
 
 @pytest.fixture(scope="module")
@@ -52,8 +62,15 @@ def checkpoints(tmp_path_factory):
 
     root = tmp_path_factory.mktemp("export")
     model_path = str(build_random_model(root / "model", preset="demo", seed=0))
-    run_distributed(_make_checkpoints, world_size=2, args=(model_path, str(root)), timeout_s=600)
+    held = run_distributed(_make_checkpoints, world_size=2, args=(model_path, str(root)), timeout_s=600)
+    (root / "export_held.json").write_text(json.dumps(held))
     return root
+
+
+def test_export_gathers_the_full_model_on_the_writing_rank_alone(checkpoints):
+    writer, other = json.loads((checkpoints / "export_held.json").read_text())
+    assert set(writer) - {"megatron_pp2"} == {"fsdp_dp2", "fsdp_tp2", "lora"} and all(n > 0 for n in writer.values())
+    assert other == dict.fromkeys(writer, 0)
 
 
 @pytest.fixture(scope="module")

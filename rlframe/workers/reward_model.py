@@ -1,7 +1,9 @@
 """RewardModelWorker: scores prompt+response with one or more sequence-classification models.
 
 Each rank holds full copies of the reward models (they are frozen and usually small next to the
-policy; pure data parallelism) and scores its share of the batch. A model is a stock HF
+policy; pure data parallelism) and scores its share of the batch, on its own GPU where it has one
+(every process of the reward pool gets one) in the engines' GPU compute dtype (bf16), else on CPU
+in fp32 (`rm_placement`). A model is a stock HF
 `*ForSequenceClassification` with one label (a pooled (B, 1) output, read at the last non-pad token)
 or a `*ForTokenClassification` / value head with one value per token (read at the last real token):
 `rlframe.rewards.reward_model.sequence_scores`. Inputs are packed so that every row's last real token
@@ -38,6 +40,16 @@ def _auto_class(model_path: str):
     return AutoModelForTokenClassification if per_token else AutoModelForSequenceClassification
 
 
+def rm_placement(cuda_device: int | None) -> tuple[torch.device, torch.dtype]:
+    """(device, dtype) of the reward models: GPU `cuda_device` (this process's, None without CUDA)
+    in the compute dtype every engine uses there by default, or CPU in fp32."""
+    from rlframe.workers.engines.base import precision_dtype
+
+    on_gpu = cuda_device is not None
+    device = torch.device("cuda", cuda_device) if on_gpu else torch.device("cpu")
+    return device, precision_dtype("auto", on_gpu=on_gpu)
+
+
 class RewardModelWorker(Worker):
     def __init__(self, *, model_paths: list[str], ensemble: str = "mean", micro_batch_size: int = 64,
                  policy_tokenizer_path: str | None = None):
@@ -47,10 +59,11 @@ class RewardModelWorker(Worker):
 
         if not model_paths:
             raise ValueError("RewardModelWorker needs at least one reward model path (reward.model_paths)")
+        self.device, self.dtype = rm_placement(torch.cuda.current_device() if torch.cuda.is_available() else None)
         self.models, self.tokenizers, self.retokenize = [], [], []
         self.policy_tokenizer = AutoTokenizer.from_pretrained(policy_tokenizer_path) if policy_tokenizer_path else None
         for p in model_paths:
-            model = _auto_class(p).from_pretrained(p, dtype=torch.float32).eval()
+            model = _auto_class(p).from_pretrained(p, dtype=self.dtype).to(self.device).eval()
             tok = AutoTokenizer.from_pretrained(p)
             if getattr(model.config, "pad_token_id", None) is None and tok.pad_token_id is not None:
                 model.config.pad_token_id = tok.pad_token_id  # the pooled head finds the last token by it
@@ -64,10 +77,10 @@ class RewardModelWorker(Worker):
         out = []
         n = inputs["input_ids"].shape[0]
         for s in range(0, n, self.micro_batch_size):
-            part = pack_right({k: v[s:s + self.micro_batch_size] for k, v in inputs.items()})
+            part = pack_right({k: v[s:s + self.micro_batch_size].to(self.device) for k, v in inputs.items()})
             logits = model(input_ids=part["input_ids"], attention_mask=part["attention_mask"],
                            position_ids=part["position_ids"]).logits
-            out.append(sequence_scores(logits, part["attention_mask"]))
+            out.append(sequence_scores(logits, part["attention_mask"]).cpu())
         return torch.cat(out)
 
     def _texts(self, data: DataProto, rm_tokenizer) -> list[str]:

@@ -11,7 +11,7 @@ from rlframe.data.pretrain import PRETRAIN_SEED, SFTConfig, build_pretrained_mod
 from rlframe.data.tiny_rm import build_reward_model, rm_texts as tiny_rm_texts, score_texts, wrong_answer
 from rlframe.protocol import DataProto
 from rlframe.rewards.reward_model import check_reward_model_dir, pack_right, sequence_scores
-from rlframe.workers.reward_model import RewardModelWorker
+from rlframe.workers.reward_model import RewardModelWorker, rm_placement
 
 
 @pytest.fixture(scope="module")
@@ -79,6 +79,7 @@ def test_same_tokenizer_reuses_the_ids(rm_dir, items):
     rm_tok = AutoTokenizer.from_pretrained(str(rm_dir))
     worker = RewardModelWorker(model_paths=[str(rm_dir)], policy_tokenizer_path=str(rm_dir))
     assert worker.retokenize == [False]
+    assert {(p.device.type, p.dtype) for p in worker.models[0].parameters()} == {("cpu", torch.float32)}
     # the policy's ids are the RM's own: prompt in its template, response ending with its EOS
     batch = policy_batch(rm_tok, items, resp_len=5)
     inputs = worker.rm_inputs(batch)[0]
@@ -106,6 +107,29 @@ def test_per_token_head_and_ensemble(rm_dir, policy_dir, items, tmp_path):
     per = out["rm_scores_per_model"]
     torch.testing.assert_close(per[:, 0], per[:, 1], rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(out["rm_scores"], per.mean(1))
+
+
+def test_reward_models_go_on_the_process_gpu_in_bf16_else_cpu_fp32():
+    assert rm_placement(None) == (torch.device("cpu"), torch.float32)
+    assert rm_placement(0) == (torch.device("cuda", 0), torch.bfloat16)
+    assert rm_placement(3)[0] == torch.device("cuda", 3)
+
+
+@pytest.mark.gpu
+def test_reward_model_scores_on_the_gpu(rm_dir, policy_dir, items):
+    """On the GPU in bf16, the scores (back on CPU) stay those of the fp32 model on CPU."""
+    from transformers import AutoModelForSequenceClassification
+
+    worker = RewardModelWorker(model_paths=[str(rm_dir)], policy_tokenizer_path=str(policy_dir), micro_batch_size=16)
+    assert {(p.device.type, p.dtype) for p in worker.models[0].parameters()} == {("cuda", torch.bfloat16)}
+    batch = policy_batch(AutoTokenizer.from_pretrained(str(policy_dir)), items)
+    got = worker.compute_rm_score(batch).batch["rm_scores"]
+    cpu_model = AutoModelForSequenceClassification.from_pretrained(str(rm_dir), dtype=torch.float32).eval()
+    want = score_texts(cpu_model, AutoTokenizer.from_pretrained(str(rm_dir)), items)
+    assert got.device.type == "cpu" and got.dtype == torch.float32
+    assert float((got - want).abs().max()) < 0.05 * float(want.abs().max()) + 0.05, (got, want)
+    n = len(items) // 2
+    assert got[:n].mean() > got[n:].mean() + 0.5
 
 
 def test_pack_right_and_sequence_scores():

@@ -316,14 +316,19 @@ def load_checkpoint(engine, path: str, *, process_group) -> None:
     load_engine_state(engine, path, group=process_group)
 
 
-def gather_full_state(model) -> dict[str, torch.Tensor]:
-    """Full HF-named tensors on every rank (all-gathers each DTensor; fine for small models)."""
+def gather_full_state(model, *, keep: bool = True) -> dict[str, torch.Tensor]:
+    """Full HF-named tensors, in host memory, on the ranks with `keep` (an empty dict on the others).
+    Collective over the model's mesh: every rank all-gathers each DTensor in turn, and a rank that
+    does not keep it drops the gathered copy before the next one, so it never holds more than one
+    full tensor (`export_hf` keeps them on the writing rank alone)."""
     from torch.distributed.tensor import DTensor
 
     out = {}
     for name, t in model.state_dict().items():
         full = t.full_tensor() if isinstance(t, DTensor) else t
-        out[name] = full.detach().to("cpu", copy=True)
+        if keep:
+            out[name] = full.detach().to("cpu", copy=True)
+        del full
     return out
 
 

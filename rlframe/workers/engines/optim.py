@@ -111,17 +111,16 @@ def _local_grad(p: torch.Tensor) -> tuple[torch.Tensor, float]:
     return g.to_local(), float(distinct)
 
 
-def global_grad_norm(params, *, groups, num_ranks: int) -> torch.Tensor:
-    """sqrt(sum of squares of all gradient elements), the same value on every rank (fp32)."""
-    total = None
+def global_grad_norm(params, *, groups, num_ranks: int, device: torch.device) -> torch.Tensor:
+    """sqrt(sum of squares of all gradient elements), the same value on every rank (fp32), on
+    `device` (the engine's: NCCL reduces only CUDA tensors, also on a rank whose parameters have no
+    gradient, such as a frozen stage or LoRA's base weights)."""
+    total = torch.zeros((), dtype=torch.float32, device=device)
     for p in params:
         if p.grad is None:
             continue
         local, distinct = _local_grad(p)
-        sq = local.detach().float().pow(2).sum() * (distinct / num_ranks)
-        total = sq if total is None else total + sq
-    if total is None:
-        total = torch.zeros(())
+        total += local.detach().float().pow(2).sum().to(device) * (distinct / num_ranks)
     for g in groups:
         if g is not None and dist.get_world_size(g) > 1:
             dist.all_reduce(total, group=g)

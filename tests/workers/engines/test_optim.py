@@ -74,3 +74,50 @@ def test_local_shard_adamw_is_torch_adamw_bit_for_bit():
         assert same_params and same_state
         assert state_type == "DTensor"  # checkpoints see torch's own state layout
         assert moved > 0
+
+
+def _norm_with_a_rank_without_grads(rank, world):
+    import torch
+    import torch.distributed as dist
+
+    from rlframe.workers.engines.optim import global_grad_norm
+
+    p = torch.nn.Parameter(torch.zeros(3))
+    if rank == 0:
+        p.grad = torch.tensor([3.0, 4.0, 0.0])
+    norm = global_grad_norm([p], groups=(dist.group.WORLD,), num_ranks=world, device=torch.device("cpu"))
+    return float(norm), str(norm.device)
+
+
+def test_grad_norm_on_a_rank_without_grads_joins_the_all_reduce():
+    from rlframe.utils.spawn import run_distributed
+
+    # a plain (replicated) gradient counts 1/num_ranks per rank: 25 / 2 from rank 0, nothing from rank 1
+    results = run_distributed(_norm_with_a_rank_without_grads, world_size=2, timeout_s=60)
+    assert results == [(pytest.approx(math.sqrt(12.5)), "cpu")] * 2
+
+
+def test_grad_norm_lives_on_the_engine_device_without_grads():
+    """The zero a rank without gradients reduces is made on the engine's device (NCCL takes only
+    CUDA tensors); "meta" stands in for it on CPU."""
+    import torch
+
+    from rlframe.workers.engines.optim import global_grad_norm
+
+    frozen = torch.nn.Parameter(torch.zeros(3))
+    assert global_grad_norm([frozen], groups=(), num_ranks=1, device=torch.device("meta")).device.type == "meta"
+    assert global_grad_norm([], groups=(), num_ranks=1, device=torch.device("meta")).device.type == "meta"
+
+
+@pytest.mark.gpu
+def test_grad_norm_on_cuda_with_and_without_grads():
+    import torch
+
+    from rlframe.workers.engines.optim import global_grad_norm
+
+    cuda = torch.device("cuda", torch.cuda.current_device())
+    with_grad = torch.nn.Parameter(torch.zeros(2, device=cuda))
+    with_grad.grad = torch.tensor([3.0, 4.0], device=cuda)
+    assert global_grad_norm([torch.nn.Parameter(torch.zeros(2))], groups=(), num_ranks=1, device=cuda).device == cuda
+    norm = global_grad_norm([with_grad], groups=(), num_ranks=1, device=cuda)
+    assert norm.device == cuda and float(norm) == 5.0

@@ -168,7 +168,8 @@ class FSDPTrainEngine(BatchedForward, TrainEngine):
 
     def _optimizer_step(self) -> dict[str, float]:
         params = [p for p in self.model.parameters() if p.requires_grad]
-        norm = global_grad_norm(params, groups=(self.dp_group, self.tp_group), num_ranks=self.config.dp * self.config.tp)
+        norm = global_grad_norm(params, groups=(self.dp_group, self.tp_group),
+                                num_ranks=self.config.dp * self.config.tp, device=self.device)
         lr = self.lr
         if not torch.isfinite(norm):
             # Skip-and-report: a NaN/Inf gradient would poison the AdamW moments for good.
@@ -260,7 +261,7 @@ class FSDPTrainEngine(BatchedForward, TrainEngine):
     def export_hf(self, path: str) -> None:
         """A full HF model at `path`; with LoRA the adapters merged into it, and PEFT's adapter
         directory (adapter_model.safetensors + adapter_config.json) at `path`/adapter."""
-        full = ckpt.gather_full_state(self.model)
+        full = ckpt.gather_full_state(self.model, keep=self.is_first_rank)  # the writer's alone
         if self.lora is None:
             ckpt.export_hf(self, path, full=full, hf_config=self.model.config, barrier=self._barrier)
             return

@@ -4,8 +4,9 @@ megatron-core's DDP with the distributed optimizer, behind the same interface as
 Dataflow of `train_step(loss_fn, micro_batches)`:
   plan micro-batches (same count on every dp rank; pipeline peers get the same data) -> megatron's
   pipeline schedule (1F1B for pp > 1, plain accumulation for pp = 1) runs, per micro-batch, the
-  model forward on a padded (b, s) batch with an explicit causal + padding mask -> on the last stage
-  vocab-parallel log-probs (or critic values) in fp32 -> loss_fn -> loss * weight (see `accumulate`)
+  model forward on its rows left-aligned and cut to its longest sample (`inputs`; shapes may differ
+  between micro-batches: variable_seq_lengths) with an explicit causal + padding mask -> on the last
+  stage vocab-parallel log-probs (or critic values) in fp32 -> loss_fn -> loss * weight (see `accumulate`)
   -> backward through the pipeline -> DDP reduce-scatters gradients over dp -> global grad norm (all
   model-parallel ranks) -> skip the step if it is not finite, else clip -> Adam step on the fp32 main
   shards -> all-gather updated bf16 parameters -> LR for the next step.
@@ -164,12 +165,11 @@ class MegatronTrainEngine(BatchedForward, TrainEngine):
     def _outputs(self, output: torch.Tensor, x: MegatronInputs, *, resp_len: int, temperature: float,
                  with_entropy: bool) -> dict[str, torch.Tensor]:
         """Per-response-token outputs of one micro-batch from the last stage's (b, s, V/tp | 1) output."""
-        t = x.length
         if self.config.head == "value":
-            return {"values": response_slice(output[:, :t, 0].float(), resp_len)}
-        per_token = token_log_probs(output[:, :t], x.labels[:, :t], temperature=temperature, tp_rank=self.tp_rank,
+            return {"values": response_slice(x.to_batch(output[:, :, 0].float()), resp_len)}
+        per_token = token_log_probs(output, x.labels, temperature=temperature, tp_rank=self.tp_rank,
                                     group=self.tp_group if self.config.tp > 1 else None, with_entropy=with_entropy)
-        return {k: response_slice(v, resp_len) for k, v in per_token.items()}
+        return {k: response_slice(x.to_batch(v), resp_len) for k, v in per_token.items()}
 
     # ---- forward ---------------------------------------------------------------------------
     @torch.no_grad()

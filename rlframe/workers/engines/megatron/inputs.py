@@ -1,10 +1,20 @@
-"""A padded (B, T) micro-batch as megatron-core's GPTModel takes it.
+"""A padded (B, T) micro-batch as megatron-core's GPTModel takes it: each row's valid run moved to
+its left end and the micro-batch cut to the longest run.
+
+A row of the batch is [left pad | prompt | response | right pad] (docs/contracts.md). Its valid run is
+copied to columns 0..L-1, and the micro-batch keeps max(L) columns (rounded up to a multiple of tp
+under sequence parallelism, which splits the sequence evenly): a 450-token sample of a 2048-wide
+batch costs 450 tokens, and a micro-batch costs its own longest sample, not the batch's width.
+
+Left-aligning is also what makes the positions right: megatron-core's rotary embedding takes the
+position of a token from its column (it ignores `position_ids`), so a left-padded prompt would
+start at its padding's width instead of 0; aligned, column j of a row is its position j, as
+`position_ids` (and the fsdp engine and vLLM) have it.
 
 megatron-core's local attention (`DotProductAttention`) applies the boolean mask it is given
-(True = masked out) and no other; rlframe gives it causal AND key-is-valid, so left-padded prompts
-and right-padded responses attend exactly like the fsdp engine's. Query rows of padding attend to
-nothing valid; their outputs are never read. With sequence parallelism the sequence is padded on
-the right to a multiple of tp (megatron splits it evenly); `length` is the original T.
+(True = masked out) and no other; rlframe gives it causal AND key-is-valid. Query rows of padding
+(after the run) attend to nothing valid; their outputs are never read. `to_batch` puts per-token
+outputs back in the (B, T) columns they came from.
 """
 
 from __future__ import annotations
@@ -12,20 +22,28 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 
 from rlframe.workers.engines.base import require_keys
-from rlframe.workers.engines.packing import next_token_labels
+from rlframe.workers.engines.packing import _valid_runs, next_token_labels
 
 
 @dataclass
 class MegatronInputs:
-    input_ids: torch.Tensor  # (b, s)
+    input_ids: torch.Tensor  # (b, s): row i's valid run in columns 0..len_i-1, padding after it
     position_ids: torch.Tensor  # (b, s)
     mask: torch.Tensor  # (b, 1, s, s) bool, True = may NOT attend
-    labels: torch.Tensor  # (b, s): the next token of each position
-    length: int  # T before padding to a multiple
+    labels: torch.Tensor  # (b, s): the next token of each position in the (B, T) batch
+    source: torch.Tensor  # (b, s): the column of the (B, T) batch each column came from
+    valid: torch.Tensor  # (b, s) bool: a token of the batch (not padding)
+    width: int  # T of the (B, T) batch
     stats: dict[str, int]
+
+    def to_batch(self, values: torch.Tensor) -> torch.Tensor:
+        """(b, s) per-token values -> (b, T) in the batch's columns, zero on padding (differentiable)."""
+        rows, cols = torch.nonzero(self.valid, as_tuple=True)
+        out = values.new_zeros(values.shape[0], self.width)
+        out[rows, self.source[rows, cols]] = values[rows, cols]
+        return out
 
 
 def causal_padding_mask(attention_mask: torch.Tensor) -> torch.Tensor:
@@ -38,14 +56,19 @@ def causal_padding_mask(attention_mask: torch.Tensor) -> torch.Tensor:
 
 def megatron_inputs(data: dict[str, torch.Tensor], *, pad_token_id: int, multiple_of: int = 1) -> MegatronInputs:
     require_keys(data, ("input_ids", "attention_mask", "position_ids", "responses"), what="the engine's forward")
-    ids, am, pos = data["input_ids"], data["attention_mask"], data["position_ids"]
+    ids, am = data["input_ids"], data["attention_mask"]
     b, t = ids.shape
-    extra = (-t) % multiple_of
-    if extra:
-        ids = F.pad(ids, (0, extra), value=pad_token_id)
-        am = F.pad(am, (0, extra), value=0)
-        pos = F.pad(pos, (0, extra), value=0)
-    stats = {"tokens_valid": int(data["attention_mask"].sum()), "tokens_computed": int(ids.numel()),
-             "tokens_padded": b * t}
-    return MegatronInputs(input_ids=ids, position_ids=pos, mask=causal_padding_mask(am),
-                          labels=next_token_labels(ids), length=t, stats=stats)
+    starts, lengths = _valid_runs(am)
+    s = max(int(lengths.max()) if b else 0, 1)
+    s += (-s) % multiple_of
+    cols = torch.arange(s, device=ids.device)
+    valid = cols[None, :] < lengths[:, None]
+    source = (starts[:, None] + cols[None, :]).clamp(max=t - 1)
+
+    def aligned(x: torch.Tensor, fill: int) -> torch.Tensor:
+        return torch.where(valid, x.gather(1, source), torch.full_like(source, fill))
+
+    stats = {"tokens_valid": int(lengths.sum()), "tokens_computed": b * s, "tokens_padded": b * t}
+    return MegatronInputs(input_ids=aligned(ids, pad_token_id), position_ids=aligned(data["position_ids"], 0),
+                          mask=causal_padding_mask(valid), labels=aligned(next_token_labels(ids), pad_token_id),
+                          source=source, valid=valid, width=t, stats=stats)

@@ -3,7 +3,9 @@ optimizer) equals the fsdp engine on one process, for every layout.
 
 Same HF weights, same batch (mixed prompt/response lengths), fp32: log-probs and entropy (actor),
 values (critic), the loss, the gradient norm and every weight after one optimizer step agree within
-1e-5 for tp1, tp2, dp2, pp2, tp2 x pp2 (4 ranks) and tp2 with sequence parallelism. Each rank of a
+1e-5 for tp1, tp2, dp2, pp2, tp2 x pp2 (4 ranks) and tp2 with sequence parallelism. The megatron
+engine computes each micro-batch at its longest sample's width, and more left padding changes none
+of its outputs. Each rank of a
 data-parallel layout gets its contiguous share of the batch, as the dispatcher gives it.
 
 Adam's eps is raised to 1e-3 in both engines: with eps=1e-8 the first step is lr * sign(g), so a
@@ -34,21 +36,31 @@ def _engine(backend, *, head, path, tp=1, pp=1, dp=1, sp=False, mixed_precision=
         grad_clip=None, micro_batch_size=2, mixed_precision=mixed_precision))
 
 
+def _more_left_padding(batch, k):
+    """The same samples with k more padding columns left of every prompt."""
+    import torch
+
+    pad = lambda t: torch.cat([t.new_zeros(t.shape[0], k), t], dim=1)  # noqa: E731
+    return {**batch, **{key: pad(batch[key]) for key in ("input_ids", "attention_mask", "position_ids")}}
+
+
 def _run_role(engine, head, batch):
-    """Outputs before the step, step metrics, outputs after, full weights (numpy; None off the output rank)."""
+    """Outputs before the step (also of the batch with more left padding), step metrics, outputs after,
+    full weights (numpy; None off the output rank)."""
     from tests.workers.engines.reference import policy_loss, value_loss
 
     if head == "lm":
-        forward = lambda: engine.forward_log_probs(batch, with_entropy=True)  # noqa: E731
+        forward = lambda b=batch: engine.forward_log_probs(b, with_entropy=True)  # noqa: E731
     else:
-        forward = lambda: {"values": engine.forward_values(batch)}  # noqa: E731
+        forward = lambda b=batch: {"values": engine.forward_values(b)}  # noqa: E731
     before = forward()
+    padded = forward(_more_left_padding(batch, 5))
     metrics = engine.train_step(policy_loss if head == "lm" else value_loss, batch, with_entropy=head == "lm")
     after = forward()
     full = engine.full_state_dict()
     as_np = lambda d: None if d is None or d.get("values", 0) is None else {k: v.numpy() for k, v in d.items()}  # noqa
-    return {"before": as_np(before), "after": as_np(after),
-            "loss": metrics.get("loss"), "grad_norm": metrics["grad_norm"],
+    return {"before": as_np(before), "after": as_np(after), "padded": as_np(padded),
+            "loss": metrics.get("loss"), "grad_norm": metrics["grad_norm"], "computed": metrics["tokens_computed"],
             "full": {k: v.numpy() for k, v in full.items()} if engine.is_first_rank else None}
 
 
@@ -92,12 +104,20 @@ def test_megatron_equals_fsdp(layout, paths, reference):
 
     tp, pp, world, sp = LAYOUTS[layout]
     results = run_distributed(_both_roles, world_size=world, args=("megatron", tp, pp, sp, *paths), timeout_s=600)
-    mask = make_batch(batch_size=BATCH, vocab=64, seed=3)["response_mask"].numpy().astype(bool)
+    batch = make_batch(batch_size=BATCH, vocab=64, seed=3)
+    mask = batch["response_mask"].numpy().astype(bool)
+    # each micro-batch (2 rows) is computed at its longest sample's width (a multiple of tp under sp)
+    longest = batch["attention_mask"].sum(1).view(-1, 2).max(1).values
+    computed = int((2 * (longest + (-longest) % (tp if sp else 1))).sum())
     worst = {}
     for head in ("lm", "value"):
         ref = reference[head]
         meg = next(r[head] for r in results if r[head]["before"] is not None)  # a last-stage rank
         meg["full"] = results[0][head]["full"]
+        assert meg["computed"] == computed < batch["input_ids"].numel(), (meg["computed"], computed)
+        before = _gather_rows(results, head, "before")
+        padded = _gather_rows(results, head, "padded")  # left padding changes nothing, bit for bit
+        assert all(np.array_equal(padded[k], before[k]) for k in before), head
         for key in ("before", "after"):
             got = _gather_rows(results, head, key)
             for name, want in ref[key].items():

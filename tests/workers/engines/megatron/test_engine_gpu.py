@@ -2,7 +2,8 @@
 
 - log-probs: fp32 engines agree within 1e-4; bf16 engines (each in its own bf16 arithmetic) within
   a mean absolute difference of 2e-2 and a max of 0.25 nats (bf16 has 8 bits of mantissa: logits of
-  size ~10 carry errors ~0.05, and the two backends round in different places).
+  size ~10 carry errors ~0.05, and the two backends round in different places); more left padding
+  leaves megatron's bf16 log-probs unchanged, bit for bit.
 - one PPO step with TP=1 (fp32): same loss and gradient norm as the fsdp engine (1e-4 relative), the
   weights change, the new log-probs agree with fsdp's after its step (1e-3).
 - weights: the engine's full state (resharded out of its training layout) equals the checkpoint
@@ -45,7 +46,12 @@ def _log_probs(rank, world, model_path, mixed_precision):
     batch = _batch(64)
     a, b = fsdp.forward_log_probs(batch, with_entropy=True), meg.forward_log_probs(batch, with_entropy=True)
     mask = batch["response_mask"].bool()
-    return {k: ((a[k] - b[k]).abs()[mask].mean().item(), (a[k] - b[k]).abs()[mask].max().item()) for k in a}
+    out = {k: ((a[k] - b[k]).abs()[mask].mean().item(), (a[k] - b[k]).abs()[mask].max().item()) for k in a}
+    # 7 more padding columns left of every prompt: megatron computes the same left-aligned rows
+    padded = {**batch, **{k: torch.cat([batch[k].new_zeros(batch[k].shape[0], 7), batch[k]], 1)
+                          for k in ("input_ids", "attention_mask", "position_ids")}}
+    out["left_padding"] = (meg.forward_log_probs(padded)["log_probs"] - b["log_probs"]).abs().max().item()
+    return out
 
 
 @pytest.fixture(scope="module")
@@ -61,6 +67,7 @@ def test_log_probs_match_fsdp_fp32(model_path):
 def test_log_probs_match_fsdp_bf16(model_path):
     diffs = run_distributed(_log_probs, world_size=1, args=(model_path, True), backend="nccl")[0]
     assert diffs["log_probs"][0] < 2e-2 and diffs["log_probs"][1] < 0.25, diffs
+    assert diffs["left_padding"] == 0.0, diffs
 
 
 def _ppo_step(rank, world, model_path):

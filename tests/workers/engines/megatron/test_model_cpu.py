@@ -169,7 +169,7 @@ def test_megatron_weights_synced_into_generation_layout_equal_source(hf_models, 
 
 
 def test_causal_padding_mask():
-    from rlframe.workers.engines.megatron.inputs import causal_padding_mask, megatron_inputs
+    from rlframe.workers.engines.megatron.inputs import causal_padding_mask
 
     am = torch.tensor([[0, 1, 1, 1, 0], [1, 1, 1, 1, 1]])
     mask = causal_padding_mask(am)
@@ -178,12 +178,29 @@ def test_causal_padding_mask():
         for i in range(5):
             for j in range(5):
                 assert bool(mask[b, 0, i, j]) == (not (j <= i and am[b, j] == 1))
-    ids = torch.arange(10).view(2, 5)
-    x = megatron_inputs({"input_ids": ids, "attention_mask": am, "position_ids": ids, "responses": ids[:, 3:]},
-                        pad_token_id=0, multiple_of=4)
-    assert x.input_ids.shape == (2, 8) and x.length == 5 and x.mask.shape == (2, 1, 8, 8)
-    assert x.mask[:, 0, :, 5:].all() and x.labels[0, 3].item() == 4
-    assert x.stats == {"tokens_valid": 8, "tokens_computed": 16, "tokens_padded": 10}
+
+
+def test_megatron_inputs_left_align_and_cut_to_the_longest_sample():
+    """Rows are moved to column 0 (megatron's rotary positions are the columns) and the micro-batch keeps
+    its longest sample's width, rounded up to the sequence-parallel multiple; outputs go back in place."""
+    from rlframe.utils.masks import position_ids_from_mask
+    from rlframe.workers.engines.megatron.inputs import megatron_inputs
+
+    am = torch.tensor([[0, 0, 0, 1, 1, 1, 0, 0], [0, 0, 1, 1, 1, 1, 1, 0], [0, 0, 0, 0, 0, 1, 0, 0]])
+    ids = torch.arange(1, 25).view(3, 8)
+    data = {"input_ids": ids, "attention_mask": am, "position_ids": position_ids_from_mask(am), "responses": ids[:, 5:]}
+    x = megatron_inputs(data, pad_token_id=0)
+    assert x.input_ids.tolist() == [[4, 5, 6, 0, 0], [11, 12, 13, 14, 15], [22, 0, 0, 0, 0]]
+    # the first valid token is at position 0 (the column) as in position_ids; padding after the run
+    assert x.position_ids.tolist() == [[0, 1, 2, 0, 0], [0, 1, 2, 3, 4], [0, 0, 0, 0, 0]]
+    assert x.labels[0, :3].tolist() == [5, 6, 7] and x.labels[2, 0].item() == 23  # the batch's next tokens
+    assert x.stats == {"tokens_valid": 9, "tokens_computed": 15, "tokens_padded": 24}
+    assert x.mask.shape == (3, 1, 5, 5) and bool(x.mask[0, 0, 4, 3]) and not bool(x.mask[1, 0, 4, 0])
+    back = x.to_batch(x.input_ids.float())
+    assert torch.equal(back, (ids * am).float())
+    assert megatron_inputs(data, pad_token_id=0, multiple_of=4).input_ids.shape == (3, 8)
+    one = megatron_inputs({k: v[2:] for k, v in data.items()}, pad_token_id=0, multiple_of=2)
+    assert one.input_ids.tolist() == [[22, 0]] and one.stats["tokens_computed"] == 2
 
 
 def test_cpu_compat_refuses_an_unchecked_megatron_version():
