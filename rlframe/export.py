@@ -173,14 +173,9 @@ def read_megatron_model(engine_dir: Path, layout: dict, hf_config) -> dict[str, 
 
 
 def read_base_model(model_path: str) -> dict[str, torch.Tensor]:
-    from safetensors.torch import load_file
+    from rlframe.workers.engines.hf_weights import read_whole
 
-    from rlframe.workers.engines.megatron.weights import _safetensors_index
-
-    out = {}
-    for file in sorted(set(_safetensors_index(model_path).values())):
-        out.update(load_file(file))
-    return out
+    return read_whole(model_path)
 
 
 # ---------------------------------------------------------------- writing

@@ -29,6 +29,8 @@ def build_train_engine(role: TrainRoleConfig, *, model_path: str, head: str, tot
         # A frozen engine (a reference policy) is the plain model: adapters would only add zeros.
         lora_rank=0 if frozen else role.lora_rank, lora_alpha=role.lora_alpha,
         lora_target_modules=tuple(role.lora_target_modules), lora_dropout=role.lora_dropout,
+        # Nothing to recompute without a backward.
+        activation_checkpointing=role.activation_checkpointing and not frozen,
     )
     return get_train_engine(role.strategy)(cfg)
 

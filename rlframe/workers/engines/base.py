@@ -58,6 +58,10 @@ class TrainEngineConfig:
         names) instead of the whole model; the base weights stay frozen (engines/lora.py).
         lora_alpha scales the adapters' output by lora_alpha / lora_rank; lora_dropout is applied
         to their input.
+    activation_checkpointing: each decoder layer's activations are recomputed in the backward
+        instead of kept from the forward (fsdp: torch.utils.checkpoint per decoder layer; megatron:
+        full recompute, one layer at a time): the memory of one layer's activations instead of all
+        layers', for about one more forward per training step. Same numbers either way.
     """
 
     model_path: str
@@ -89,6 +93,7 @@ class TrainEngineConfig:
     lora_target_modules: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
                                             "down_proj")
     lora_dropout: float = 0.0
+    activation_checkpointing: bool = False
 
     def __post_init__(self):
         if self.head not in HEADS:

@@ -153,10 +153,13 @@ class LoraLinear(nn.Module):
         if self.bias is not None:
             self.bias.requires_grad_(False)
         dev, dtype = base.weight.device, base.weight.dtype
-        a = torch.empty(rank, self.in_features, dtype=dtype)
+        a = torch.empty(rank, self.in_features, dtype=dtype)  # drawn on CPU, also for a meta-device base
         nn.init.kaiming_uniform_(a, a=math.sqrt(5), generator=generator)  # as PEFT's default init
+        b = torch.zeros(self.out_features, rank, dtype=dtype)
+        # What the adapters start from, kept while the base is on the meta device (fsdp/sharded_load.py)
+        self.initial = {"lora_A.weight": a, "lora_B.weight": b} if dev.type == "meta" else None
         self.lora_A = _AdapterWeight(a.to(dev))
-        self.lora_B = _AdapterWeight(torch.zeros(self.out_features, rank, dtype=dtype, device=dev))
+        self.lora_B = _AdapterWeight(b.to(dev))
         self.scaling = alpha / rank
         self.dropout = nn.Dropout(dropout) if dropout > 0 else nn.Identity()
         self.adapter_enabled = True

@@ -56,8 +56,6 @@ def value_loss(outputs, mb):
 def build_reference(path: str, *, head: str, state_dict=None):
     from transformers import AutoModelForCausalLM, AutoModelForTokenClassification
 
-    from rlframe.workers.engines.fsdp.modeling import init_missing_value_head
-
     if head == "lm":
         model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     else:
@@ -68,6 +66,17 @@ def build_reference(path: str, *, head: str, state_dict=None):
         model.load_state_dict(state_dict)
     model.config.use_cache = False
     return model
+
+
+def init_missing_value_head(model, *, missing, seed: int) -> None:
+    """A critic whose checkpoint has no `score` gets the value head every engine draws from `seed`."""
+    from rlframe.workers.engines.value_head import VALUE_HEAD, fresh_value_head
+
+    params = dict(model.named_parameters())
+    with torch.no_grad():
+        for name, t in fresh_value_head(model.config.hidden_size, seed=seed).items():
+            if name in set(missing) & set(VALUE_HEAD):
+                params[name].copy_(t)
 
 
 def reference_outputs(model, batch, *, head: str, temperature: float = 1.0) -> dict[str, torch.Tensor]:

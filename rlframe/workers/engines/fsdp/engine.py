@@ -35,15 +35,17 @@ from rlframe.workers.engines.base import (
 from rlframe.workers.engines.forward import BatchedForward
 from rlframe.workers.engines.micro_batch import restore_order
 from rlframe.workers.engines.fsdp.modeling import (
-    cpu_attention, load_config, load_model, resolve_attn_implementation, run_model,
+    cpu_attention, empty_model, load_config, resolve_attn_implementation, run_model,
 )
 from rlframe.workers.engines.optim import (
     build_optimizer, build_scheduler, global_grad_norm, scale_grads_,
 )
 from rlframe.workers.engines.packing import pack_inputs, padded_inputs, response_slice
 from rlframe.workers.engines.fsdp.parallelize import (
-    apply_fsdp, apply_tensor_parallel, build_mesh, check_mesh, check_model_fits, decoder_layers, reshard_all,
+    apply_activation_checkpointing, apply_fsdp, apply_tensor_parallel, build_mesh, check_mesh, check_model_fits,
+    decoder_layers, reshard_all,
 )
+from rlframe.workers.engines.fsdp.sharded_load import load_shards
 from rlframe.workers.engines.fsdp import shm_comm
 from rlframe.workers.engines.fsdp.shards import local_shards
 from rlframe.workers.engines.fsdp.vocab_parallel import token_log_probs
@@ -86,11 +88,14 @@ class FSDPTrainEngine(BatchedForward, TrainEngine):
         self.steps = 0
 
     def _build_model(self):
+        """The model on the meta device, LoRA adapters, tensor parallelism and FSDP2 applied there,
+        then storage for this rank's shards only, filled from the checkpoint (fsdp/sharded_load.py):
+        no rank ever holds the whole model."""
         cfg = self.config
         attn = resolve_attn_implementation(cfg.attn_implementation, on_gpu=self.device.type == "cuda")
         if self.device.type == "cpu":
             attn = cpu_attention(attn, compute_dtype=self.compute_dtype)
-        model = load_model(cfg.model_path, head=cfg.head, seed=cfg.seed, attn_implementation=attn)
+        model = empty_model(cfg.model_path, head=cfg.head, attn_implementation=attn)
         decoder_layers(model)  # fails early on an unsupported architecture
         self.lora = cfg.lora
         if self.lora is not None:
@@ -99,11 +104,13 @@ class FSDPTrainEngine(BatchedForward, TrainEngine):
 
             inject_lora(model, self.lora, seed=cfg.seed,
                         trainable_prefixes=tuple(VALUE_HEAD) if cfg.head == "value" else ())
-        model.to(self.device)
         if cfg.tp > 1:
             apply_tensor_parallel(model, self.mesh["tp"], head=cfg.head)
+        if cfg.activation_checkpointing:
+            apply_activation_checkpointing(model)
         apply_fsdp(model, self.mesh["dp"], mixed_precision=self.mixed_precision,
                    reshard_after_forward=not self.gather_once)
+        load_shards(model, model_path=cfg.model_path, device=self.device, seed=cfg.seed)
         self.shm_collectives = (self.device.type == "cpu" and cfg.shm_collectives is not False
                                 and shm_comm.install(model, self.dp_group))
         self.pad_token_id = int(model.config.pad_token_id or 0)

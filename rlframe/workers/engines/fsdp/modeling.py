@@ -1,22 +1,22 @@
-"""Load a transformers model from a local HF directory for a training engine.
+"""The transformers model of a local HF directory, for the fsdp engine.
 
 Heads:
 - "lm": `AutoModelForCausalLM` (actor, reference).
 - "value": `AutoModelForTokenClassification` with num_labels=1 (critic). Its `score` layer is a
   Linear(hidden, 1) on the last hidden state; the backbone (`model.*`) loads from a causal-LM
   checkpoint (the LM head is dropped, `score` is initialised from `seed`, identically on every
-  rank). A critic exported with `export_hf` reloads as the same class, score included.
+  rank: value_head.py). A critic exported with `export_hf` reloads as the same class, score included.
 """
 
 from __future__ import annotations
 
 import os
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
 
 from rlframe.workers.engines.packing import ModelInputs
-from rlframe.workers.engines.value_head import VALUE_HEAD, fresh_value_head
 
 
 def check_model_dir(path: str) -> Path:
@@ -95,50 +95,52 @@ def run_model(model, inputs: ModelInputs):
                  position_ids=inputs.position_ids, use_cache=False, **varlen)
 
 
-def load_model(path: str, *, head: str, seed: int, attn_implementation: str = "sdpa"):
-    """The full model in fp32 on CPU, in train mode with dropout off (so every layout agrees)."""
+def empty_model(path: str, *, head: str, attn_implementation: str = "sdpa"):
+    """The model of `path`'s config with every parameter on the meta device (no storage) and its
+    buffers (rotary frequencies, computed from the config) on CPU, in train mode with dropout off
+    (so every layout agrees). Tied weights are tied. The engine shards it, then fills each rank's
+    shards from the checkpoint (fsdp/sharded_load.py)."""
     from transformers import AutoModelForCausalLM, AutoModelForTokenClassification
-    from transformers.utils import logging as hf_logging
 
-    check_model_dir(path)
-    torch.manual_seed(seed)
-    kwargs = dict(dtype=torch.float32, attn_implementation=attn_implementation, output_loading_info=True)
-    verbosity = hf_logging.get_verbosity()
-    hf_logging.set_verbosity_error()  # "score weights newly initialised" is expected for a critic
-    try:
+    config = load_config(path)
+    _disable_dropout(config)
+    kwargs = dict(dtype=torch.float32, attn_implementation=attn_implementation)
+    with parameters_on_meta():
         if head == "lm":
-            model, info = AutoModelForCausalLM.from_pretrained(path, **kwargs)
+            model = AutoModelForCausalLM.from_config(config, **kwargs)
         else:
-            model, info = AutoModelForTokenClassification.from_pretrained(path, num_labels=1, **kwargs)
-    finally:
-        hf_logging.set_verbosity(verbosity)
-    init_missing_value_head(model, missing=info["missing_keys"], seed=seed)
-    _disable_dropout(model)
+            config.num_labels = 1
+            model = AutoModelForTokenClassification.from_config(config, **kwargs)
+    for m in model.modules():
+        if isinstance(m, torch.nn.Dropout):
+            m.p = 0.0
     model.config.use_cache = False
     model.train()
     return model
 
 
-def init_missing_value_head(model, *, missing, seed: int) -> None:
-    """A critic whose checkpoint has no `score` gets the value head every engine and rank draws
-    from `seed` (value_head.py)."""
-    missing = set(missing) & set(VALUE_HEAD)
-    if not missing:
-        return
-    params = dict(model.named_parameters())
-    with torch.no_grad():
-        for name, t in fresh_value_head(model.config.hidden_size, seed=seed).items():
-            if name in missing:
-                params[name].copy_(t)
+@contextmanager
+def parameters_on_meta():
+    """Within the block, every parameter a module registers lands on the meta device (so nothing
+    is allocated or initialised for it); tensors that are not parameters stay where made."""
+    register = torch.nn.Module.register_parameter
+
+    def on_meta(module, name, param):
+        if param is not None and param.device.type != "meta":
+            param = torch.nn.Parameter(param.detach().to("meta"), requires_grad=param.requires_grad)
+        register(module, name, param)
+
+    torch.nn.Module.register_parameter = on_meta
+    try:
+        yield
+    finally:
+        torch.nn.Module.register_parameter = register
 
 
-def _disable_dropout(model) -> None:
+def _disable_dropout(config) -> None:
     for name in ("attention_dropout", "hidden_dropout", "classifier_dropout"):
-        if getattr(model.config, name, None):
-            setattr(model.config, name, 0.0)
-    for m in model.modules():
-        if isinstance(m, torch.nn.Dropout):
-            m.p = 0.0
+        if getattr(config, name, None):
+            setattr(config, name, 0.0)
 
 
 def copy_tokenizer_files(src: str, dst: str) -> None:

@@ -1,7 +1,7 @@
 """Build the (dp, tp) device mesh, check a model fits it, and apply TP then FSDP2.
 
 Order (as in torchtitan): tensor parallelism first (`parallelize_module` on the "tp" mesh), then
-FSDP2 (`fully_shard` on the "dp" mesh) per decoder layer and on the root. Parameters end up as
+activation checkpointing when asked for, then FSDP2 (`fully_shard` on the "dp" mesh) per decoder layer and on the root. Parameters end up as
 DTensors on the 2-D mesh: dim 0 sharded over dp on top of the Megatron split over tp.
 
 Tensor-parallel plan (Megatron-LM, Shoeybi et al. 2019, section 3):
@@ -113,6 +113,20 @@ def apply_tensor_parallel(model, tp_mesh: DeviceMesh, *, head: str) -> None:
         # Local logits (N, V / tp); the engine's log-softmax works on the slices.
         plan["lm_head"] = ColwiseParallel(output_layouts=Shard(-1), use_local_output=True)
     parallelize_module(model, tp_mesh, plan)
+
+
+def apply_activation_checkpointing(model) -> None:
+    """Each decoder layer keeps only its input for the backward and recomputes the rest there
+    (torch.utils.checkpoint, non-reentrant). Applied before FSDP2: the layer's FSDP hooks wrap the
+    checkpointed forward, so its parameters are gathered when the backward recomputes it (FSDP's
+    pre-backward all-gather runs first). The module tree, and so every parameter name, is unchanged;
+    the recompute re-runs tensor-parallel collectives in the same order on every rank."""
+    from functools import partial
+
+    from torch.utils.checkpoint import checkpoint
+
+    for layer in decoder_layers(model):
+        layer.forward = partial(checkpoint, layer.forward, use_reentrant=False)
 
 
 def apply_fsdp(model, dp_mesh: DeviceMesh, *, mixed_precision: bool, reshard_after_forward: bool = True) -> None:

@@ -121,7 +121,8 @@ class MegatronTrainEngine(BatchedForward, TrainEngine):
 
         cfg = self.config
         tcfg = transformer_config(self.hf_config, tp=cfg.tp, pp=cfg.pp, sequence_parallel=cfg.sequence_parallel,
-                                  params_dtype=self.params_dtype, cpu_init=not self.on_gpu)
+                                  params_dtype=self.params_dtype, cpu_init=not self.on_gpu,
+                                  activation_checkpointing=cfg.activation_checkpointing)
         model = build_model(self.hf_config, head=cfg.head, config=tcfg, pre_process=ps.is_pipeline_first_stage(),
                             post_process=self.is_last_stage, device=self.device)
         load_hf_weights(model, model_path=cfg.model_path, dims=self.dims, head=cfg.head, layout=self.layout_,

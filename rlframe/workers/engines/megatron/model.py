@@ -55,11 +55,14 @@ def rope_settings(hf_config) -> dict:
 
 
 def transformer_config(hf_config, *, tp: int, pp: int, sequence_parallel: bool, params_dtype: torch.dtype,
-                       cpu_init: bool):
+                       cpu_init: bool, activation_checkpointing: bool = False):
     from megatron.core.transformer.transformer_config import TransformerConfig
 
     dims = ModelDims.from_hf_config(hf_config)
-    return TransformerConfig(
+    # Full recompute, each layer its own unit: a layer keeps only its input for the backward.
+    recompute = dict(recompute_granularity="full", recompute_method="uniform",
+                     recompute_num_layers=1) if activation_checkpointing else {}
+    return TransformerConfig(**recompute,
         num_layers=dims.num_layers, hidden_size=dims.hidden_size, num_attention_heads=dims.num_heads,
         num_query_groups=dims.num_kv_heads, kv_channels=dims.head_dim, ffn_hidden_size=dims.intermediate_size,
         layernorm_epsilon=float(hf_config.rms_norm_eps), normalization="RMSNorm",

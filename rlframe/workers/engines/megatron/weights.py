@@ -9,14 +9,12 @@ HF-named shards with the same boxes, which is what the resharding planner moves 
 
 from __future__ import annotations
 
-import json
-import os
-
 import torch
 
 from rlframe.resharding.box import Box
 from rlframe.resharding.formats import ModelDims, hf_param_shapes, hf_to_megatron, megatron_to_hf
 from rlframe.resharding.layout import Layout
+from rlframe.workers.engines.hf_weights import iter_slices
 from rlframe.workers.engines.value_head import VALUE_HEAD, fresh_value_head
 
 def hf_shapes(dims: ModelDims, *, head: str) -> dict[str, tuple[int, ...]]:
@@ -45,45 +43,9 @@ def rank_boxes(dims: ModelDims, *, head: str, layout: Layout, rank: int) -> dict
     return out
 
 
-def _safetensors_index(model_path: str) -> dict[str, str]:
-    """HF name -> safetensors file of a model directory (single file or sharded with an index)."""
-    index = os.path.join(model_path, "model.safetensors.index.json")
-    if os.path.isfile(index):
-        with open(index) as f:
-            return {n: os.path.join(model_path, fn) for n, fn in json.load(f)["weight_map"].items()}
-    single = os.path.join(model_path, "model.safetensors")
-    if not os.path.isfile(single):
-        raise ValueError(f"{model_path!r} has no model.safetensors(.index.json): the megatron engine loads "
-                         "safetensors checkpoints (save the model with save_pretrained(safe_serialization=True))")
-    from safetensors import safe_open
-
-    with safe_open(single, framework="pt") as f:
-        return {n: single for n in f.keys()}
-
-
 def read_hf_slices(model_path: str, boxes: dict[str, tuple[tuple[int, ...], Box]]) -> dict[str, torch.Tensor]:
-    """The boxes of the named tensors, read from the checkpoint without loading whole tensors.
-
-    Names the checkpoint lacks are left out (a critic started from a causal LM has no `score`);
-    a tensor whose shape differs from the expected global shape is an error.
-    """
-    from safetensors import safe_open
-
-    where = _safetensors_index(model_path)
-    by_file: dict[str, list[str]] = {}
-    for name in boxes:
-        if name in where:
-            by_file.setdefault(where[name], []).append(name)
-    out = {}
-    for path, names in by_file.items():
-        with safe_open(path, framework="pt") as f:
-            for name in names:
-                shape, box = boxes[name]
-                sl = f.get_slice(name)
-                if tuple(sl.get_shape()) != tuple(shape):
-                    raise ValueError(f"{path}: {name} has shape {tuple(sl.get_shape())}, the config implies {shape}")
-                out[name] = sl[box.slices()]
-    return out
+    """The boxes of the named tensors the checkpoint has (hf_weights.iter_slices)."""
+    return dict(iter_slices(model_path, boxes))
 
 
 def _model_params(model) -> dict[str, torch.Tensor]:
