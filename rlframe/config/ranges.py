@@ -137,7 +137,8 @@ def _choices() -> dict[str, tuple]:
     roles = {f"{r}.{k}": v for r in ("actor", "critic") for k, v in
              (("strategy", ("fsdp", "megatron")), ("lr_schedule", LR_SCHEDULES), ("precision", PRECISIONS))}
     return {"model.tiny_preset": tuple(sorted(PRESETS)), "data.task": (None, *TASKS, TOOL_TASK), **roles,
-            "rollout.backend": ("auto", "vllm", "hf"), "reward.ensemble": ("mean", "min"),
+            "rollout.backend": ("auto", "vllm", "hf"), "rollout.load_format": ("auto", "real"),
+            "reward.ensemble": ("mean", "min"),
             "resources.placement": ("colocated", "split"), "trainer.loggers": SINKS,
             "algorithm.off_policy_correction": ("none", "behaviour", "tis")}
 

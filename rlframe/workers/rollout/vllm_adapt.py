@@ -6,6 +6,7 @@ behaviour so that it can share a process, a process group and a CPU with trainin
   `gpu_kwargs`; `check_vllm_version` refuses a vLLM of another release.
 - `replicas_at_own_pace` / `own_pace_steps`: such replicas of a dense model step independently.
 - `remove_stale_cpu_shm`: shared-memory segments a killed run left behind (CPU TP groups).
+- `sleep_level`: which vLLM sleep level frees the training engine's memory around a weight sync.
 - `eager_token_ranks`, `plain_cpu_linears`: two CPU-backend settings (no inductor compile at the
   first generation; linear layers that read their parameters, so weights update in place).
 """
@@ -106,6 +107,28 @@ def remove_stale_cpu_shm(shm_dir: str = "/dev/shm") -> list[str]:
     if dist.is_initialized() and dist.get_world_size() > 1:
         dist.barrier()
     return removed
+
+
+def sleep_level(*, lora: bool, full_sync_next: bool, sleep_supported: bool) -> int:
+    """vLLM's sleep level for the time training runs: 0 (no sleep mode: CPU backend), 1 or 2.
+
+    Level 1 copies every weight to pinned host memory and back at wake (16 GiB per rank each way for
+    a 70B at tp 8, and the pinned host memory to hold it); level 2 drops them. Level 2 is right only
+    when the next thing written into the weights is a full sync, which rewrites every one of them
+    anyway. With LoRA only the adapters are synced and the base weights must survive: level 1.
+
+    What vLLM 0.32 keeps across level 2 (v1/worker/gpu_worker.py sleep/wake_up,
+    device_allocator/sleep_mode_backend.py, cumem.py): every `named_buffers()` entry of the model,
+    non-persistent ones included (the rotary `cos_sin_cache`), is copied to host before the sleep and
+    back at wake_up(tags=["weights"]); the weight allocations are unmapped and re-mapped at the same
+    virtual addresses, so each parameter keeps its storage (the in-place kernel-format copy and the
+    layer-wise reload, which copies back into that storage, write where the forward and the CUDA
+    graphs read), with undefined contents until the sync. A tensor held as a plain attribute in the
+    weight pool (neither parameter nor buffer) would come back undefined: none in the dense models
+    the sync serves (quantised layers' derived tensors are not synced in place)."""
+    if not sleep_supported:
+        return 0
+    return 2 if full_sync_next and not lora else 1
 
 
 def _count_at_least(x: torch.Tensor, values: torch.Tensor) -> torch.Tensor:

@@ -83,6 +83,7 @@ from rlframe.workers.rollout.vllm_adapt import (
     plain_cpu_linears,
     remove_stale_cpu_shm,
     replicas_at_own_pace,
+    sleep_level,
 )
 from rlframe.workers.rollout.weight_sync import (
     ShardAssembler,
@@ -193,6 +194,8 @@ class VLLMRolloutEngine(RolloutEngine):
         self._lora_version = 0  # lora_int_id of the adapter being served (0: none yet)
         self._lora_request = None
         self._lora_model = None  # the LoRAModel of that adapter, handed back whenever vLLM reloads it
+        if config.load_format == "dummy":
+            self._weights_missing = "was started with dummy weights (load_format=dummy)"
 
     # ------------------------------------------------------------------ generation
     def _sampling_params(self, sampling: SamplingConfig, seed: int | None):
@@ -211,6 +214,7 @@ class VLLMRolloutEngine(RolloutEngine):
         from vllm.inputs import TokensPrompt
 
         self.require_awake(("weights", "kv_cache"), doing="generate()")
+        self.require_weights(doing="generate()")
         ids, mask = read_prompts(prompts)
         token_lists = unpad_prompts(ids, mask)
         seeds = read_row_seeds(prompts, sampling)
@@ -266,6 +270,7 @@ class VLLMRolloutEngine(RolloutEngine):
             else:
                 with self._checkpoint_format_update(assembler) as consume:
                     yield consume
+            self._weights_missing = None  # both paths checked on exit that every weight was written
         finally:  # even a sync that failed half-way may have written weights: no KV of the old ones is reused
             self._reset_prefix_cache()
 
@@ -419,13 +424,18 @@ class VLLMRolloutEngine(RolloutEngine):
         return None
 
     # ------------------------------------------------------------------ memory
-    def _release(self) -> tuple[str, ...]:
-        """Discard the KV cache and offload the weights to CPU (level 1); nothing on CPU (no sleep mode)."""
-        if not self.sleep_supported:
+    def _release(self, *, full_sync_next: bool) -> tuple[str, ...]:
+        """Discard the KV cache and offload the weights to host memory (level 1) or drop them (level 2,
+        when a full sync follows: `vllm_adapt.sleep_level`); nothing on CPU (no sleep mode)."""
+        level = sleep_level(lora=self.config.lora_rank > 0, full_sync_next=full_sync_next,
+                            sleep_supported=self.sleep_supported)
+        if level == 0:
             logger.info("vLLM's %s backend has no sleep mode: the KV cache (%s bytes) stays allocated",
                         "CPU" if self.is_cpu else "current", self.config.kv_cache_bytes)
             return ()
-        self.llm.sleep(level=1)
+        self.llm.sleep(level=level)
+        if level == 2:
+            self._weights_missing = "dropped its weights in sleep level 2"
         return ("weights", "kv_cache")
 
     def _reacquire(self, tags: tuple[str, ...]) -> None:

@@ -43,17 +43,20 @@ def test_split_generation_group_gets_the_trained_weights(tmp_path, ray_cluster):
     tok = AutoTokenizer.from_pretrained(model_dir)
     rollout = RolloutSection(tp=2, kv_cache_bytes=32 << 20)
     pools = [ResourcePool(procs_per_node=[2], name="split-actor"), ResourcePool(procs_per_node=[2], name="split-gen")]
+    actor_cfg = TrainRoleConfig(dp=2, lr=5e-2, mini_batch_size=16, micro_batch_size=8)
     actor = RayWorkerGroup(pools[0], ActorWorker, name="actor", timeout=600, kwargs=dict(
-        model_path=str(model_dir), actor=TrainRoleConfig(dp=2, lr=5e-2, mini_batch_size=16, micro_batch_size=8),
-        algorithm=AlgorithmConfig(), rollout=None, max_model_len=64, total_steps=1))
+        model_path=str(model_dir), actor=actor_cfg, algorithm=AlgorithmConfig(), rollout=None, max_model_len=64,
+        total_steps=1))
     generator = RayWorkerGroup(pools[1], GeneratorWorker, name="rollout", timeout=600, kwargs=dict(
-        model_path=str(model_dir), rollout=rollout, max_model_len=64))
+        model_path=str(model_dir), rollout=rollout, max_model_len=64, actor=actor_cfg))
     roles = RunRoles(actor=actor, critic=None, ref=None, reward_model=None, pools=pools, rollout_tp=2,
                      generator=generator)
     try:
         open_weight_channel(actor, generator, gen_tp=2, bucket_bytes=1 << 20, timeout_s=300)
         batch = prompts(tok)
-        before = roles.generate_sequences(greedy_input(batch))  # the checkpoint vLLM loaded: nothing to push
+        assert all(generator.awaits_full_sync())  # started with dummy weights: the first generation pushes first
+        before = roles.generate_sequences(greedy_input(batch))
+        assert not any(generator.awaits_full_sync())
         assert responses_equal(before, hf_greedy(model_dir, batch), tok.eos_token_id)
 
         actor.update_sft(sft_batch(batch, tok.convert_tokens_to_ids("7")))  # a large step: greedy output changes

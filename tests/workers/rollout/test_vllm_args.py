@@ -1,13 +1,16 @@
 """The vLLM engine's arguments on GPU and CPU, checked on the CPU: what a first GPU run would
 otherwise find by crashing (vLLM's custom all-reduce with one visible GPU per actor, a vLLM of
-another release), the GPU defaults of CUDA graphs and prefix caching, and the user's engine keywords."""
+another release), the GPU defaults of CUDA graphs and prefix caching, the user's engine keywords, and
+when the engine starts with dummy weights or drops its weights in a sleep."""
+
+import dataclasses
 
 import pytest
 import torch
 
 from rlframe.config import load_config, validate
-from rlframe.workers.common import rollout_config
-from rlframe.workers.rollout.vllm_adapt import check_vllm_version, gpu_kwargs
+from rlframe.workers.common import rollout_config, rollout_load_format
+from rlframe.workers.rollout.vllm_adapt import check_vllm_version, gpu_kwargs, llm_kwargs, sleep_level
 
 
 def test_tensor_parallel_on_gpu_turns_vllms_custom_all_reduce_off():
@@ -54,13 +57,36 @@ def test_every_engine_keyword_rlframe_sets_is_owned():
     """rollout.engine_kwargs may not override what llm_kwargs derives (the list in validate.py)."""
     from rlframe.config.validate import ENGINE_KWARGS_OWNED
     from rlframe.workers.rollout.config import RolloutConfig
-    from rlframe.workers.rollout.vllm_adapt import llm_kwargs
 
     for is_cpu in (True, False):
         config = RolloutConfig(backend="vllm", lora_rank=8, block_size=32, max_num_batched_tokens=4096)
         keys = set(llm_kwargs("m", config, is_cpu=is_cpu, sleep_supported=False))
         keys |= {"distributed_executor_backend", "tensor_parallel_size", "data_parallel_size", "disable_custom_all_reduce"}
         assert keys <= set(ENGINE_KWARGS_OWNED), keys - set(ENGINE_KWARGS_OWNED)
+
+
+@pytest.mark.parametrize("lora, full_sync_next, sleep_supported, level", [
+    (False, True, True, 2),  # every weight is rewritten next: drop them, no copy to host and back
+    (False, False, True, 1),  # weights used again as they are: keep a host copy
+    (True, True, True, 1),  # LoRA syncs only adapters: the base weights must survive
+    (True, False, True, 1),
+    (False, True, False, 0),  # CPU backend: no sleep mode
+    (True, False, False, 0),
+])
+def test_the_sleep_level_drops_the_weights_only_before_a_full_sync(lora, full_sync_next, sleep_supported, level):
+    assert sleep_level(lora=lora, full_sync_next=full_sync_next, sleep_supported=sleep_supported) == level
+
+
+def test_the_engine_starts_with_dummy_weights_only_when_the_actor_syncs_every_weight_first():
+    cfg = validate(load_config("grpo_tiny", []))
+    assert rollout_load_format(cfg.rollout, cfg.actor) == "dummy"
+    assert rollout_load_format(cfg.rollout, dataclasses.replace(cfg.actor, lora_rank=8)) == "auto"  # base not synced
+    assert rollout_load_format(cfg.rollout, None) == "auto"  # no trainer: nothing is ever synced
+    real = validate(load_config("grpo_tiny", ["rollout.load_format=real"]))
+    assert rollout_load_format(real.rollout, real.actor) == "auto"
+    config = rollout_config(cfg.rollout, max_model_len=64, seed=0, compute_dtype=torch.float32, on_gpu=True,
+                            actor=cfg.actor)
+    assert llm_kwargs("m", config, is_cpu=False, sleep_supported=True)["load_format"] == "dummy"
 
 
 @pytest.mark.gpu

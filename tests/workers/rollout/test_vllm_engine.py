@@ -1,6 +1,10 @@
-"""vLLM engine at TP=1 against transformers on the same weights (one engine for the whole module)."""
+"""vLLM engine at TP=1 against transformers on the same weights (one engine for the whole module,
+started with dummy weights and synced, after one that read the checkpoint recorded its outputs)."""
 
 from __future__ import annotations
+
+import re
+from dataclasses import replace
 
 import pytest
 import torch
@@ -17,15 +21,33 @@ pytestmark = pytest.mark.vllm
 GREEDY = SamplingConfig(temperature=0.0, max_new_tokens=16)
 
 
+SAMPLED = SamplingConfig(n=2, temperature=0.7, max_new_tokens=16, seed=1)
+
+
 @pytest.fixture(scope="module")
 def engines(tmp_path_factory):
+    """The module's vLLM engine starts with dummy weights and is synced the checkpoint's, as the trainer's
+    actor does; what an engine that read the checkpoint generated is recorded first (two engines cannot
+    live in one process: shutting one down tears down vLLM's process-wide parallel state)."""
     # "demo" preset: head_dim 32 (vLLM's CPU attention rejects head_dim 16 of the "test" preset).
     path = build_random_model(tmp_path_factory.mktemp("model"), preset="demo", seed=0)
-    vllm_engine = VLLMRolloutEngine(str(path), config=RolloutConfig(backend="vllm", kv_cache_bytes=64 << 20,
-                                                                    max_model_len=128, max_num_seqs=64))
+    config = RolloutConfig(backend="vllm", kv_cache_bytes=64 << 20, max_model_len=128, max_num_seqs=64)
     hf_engine = HFRolloutEngine(str(path), config=RolloutConfig(backend="hf"))
     original = {n: p.detach().clone() for n, p in hf_engine.model.named_parameters()}
-    yield vllm_engine, hf_engine, original
+    checkpoint_engine = VLLMRolloutEngine(str(path), config=config)
+    prompts = prompt_batch(hf_engine.tokenizer, 8)
+    record = {"prompts": prompts, "checksums": checkpoint_engine.weight_checksums(),
+              "outputs": {s: checkpoint_engine.generate(prompts, s).batch for s in (GREEDY, SAMPLED)}}
+    checkpoint_engine.shutdown()
+    vllm_engine = VLLMRolloutEngine(str(path), config=replace(config, load_format="dummy"))
+    record["dummy_checksums"] = vllm_engine.weight_checksums()
+    for key, weights in (("half_sync", dict(list(original.items())[: len(original) // 2])), ("refused", None)):
+        try:
+            vllm_engine.update_weights(weights) if weights else vllm_engine.generate(prompts, GREEDY)
+        except (ValueError, RuntimeError) as err:
+            record[key] = str(err)
+    vllm_engine.update_weights(original)
+    yield vllm_engine, hf_engine, original, record
     vllm_engine.shutdown()
 
 
@@ -37,7 +59,7 @@ def _load_both(vllm_engine, hf_engine, state, *, kernel_format: bool = True):
 
 
 def test_greedy_matches_transformers_on_16_prompts(engines):
-    vllm_engine, hf_engine, _ = engines
+    vllm_engine, hf_engine, _, _ = engines
     prompts = prompt_batch(hf_engine.tokenizer, 16)
     out_v, out_h = vllm_engine.generate(prompts, GREEDY), hf_engine.generate(prompts, GREEDY)
     assert out_v.batch["responses"].shape == (16, 16)
@@ -51,7 +73,7 @@ def test_rollout_log_probs_match_training_forward(engines):
     generation of every process, runs eagerly on CPU: vllm_adapt.eager_token_ranks)."""
     from torch._dynamo.utils import counters
 
-    vllm_engine, hf_engine, _ = engines
+    vllm_engine, hf_engine, _, _ = engines
     prompts = prompt_batch(hf_engine.tokenizer, 8)
     frames = counters["frames"]["total"]
     for sampling, temperature in ((GREEDY, 1.0), (SamplingConfig(n=2, temperature=0.7, max_new_tokens=16, seed=1), 0.7)):
@@ -65,7 +87,7 @@ def test_rollout_log_probs_match_training_forward(engines):
 
 @pytest.mark.parametrize("kernel_format", [True, False], ids=["in_place", "layerwise_reload"])
 def test_weight_update_changes_outputs_and_matches_transformers(engines, kernel_format):
-    vllm_engine, hf_engine, original = engines
+    vllm_engine, hf_engine, original, _ = engines
     prompts = prompt_batch(hf_engine.tokenizer, 16)
     before = vllm_engine.generate(prompts, GREEDY).batch["responses"]
     try:
@@ -86,7 +108,7 @@ def test_weight_update_changes_outputs_and_matches_transformers(engines, kernel_
 
 
 def test_incomplete_weight_update_is_an_error(engines):
-    vllm_engine, hf_engine, original = engines
+    vllm_engine, hf_engine, original, _ = engines
     half = dict(list(original.items())[: len(original) // 2])
     try:
         with pytest.raises(ValueError, match="not fully received"):
@@ -96,7 +118,7 @@ def test_incomplete_weight_update_is_an_error(engines):
 
 
 def test_sampling_groups_seeds_and_contract_keys(engines):
-    vllm_engine, hf_engine, _ = engines
+    vllm_engine, hf_engine, _, _ = engines
     prompts = prompt_batch(hf_engine.tokenizer, 4)
     sampling = SamplingConfig(n=3, temperature=1.0, top_p=0.9, top_k=50, max_new_tokens=12, seed=7)
     a, b = vllm_engine.generate(prompts, sampling).batch, vllm_engine.generate(prompts, sampling).batch
@@ -112,7 +134,7 @@ def test_sampling_groups_seeds_and_contract_keys(engines):
 
 
 def test_stop_tokens_and_strings_match_transformers(engines):
-    vllm_engine, hf_engine, _ = engines
+    vllm_engine, hf_engine, _, _ = engines
     prompts = prompt_batch(hf_engine.tokenizer, 8)
     free = vllm_engine.generate(prompts, GREEDY).batch["responses"]
     stop_id = int(free[0, 3])  # a token greedy decoding emits, so some rows stop early
@@ -130,7 +152,7 @@ def test_stop_tokens_and_strings_match_transformers(engines):
 
 
 def test_sleep_and_wake_keep_the_engine_usable(engines):
-    vllm_engine, hf_engine, _ = engines
+    vllm_engine, hf_engine, _, _ = engines
     prompts = prompt_batch(hf_engine.tokenizer, 4)
     before = vllm_engine.generate(prompts, GREEDY).batch["responses"]
     vllm_engine.sleep()  # CPU: no sleep mode, a logged no-op; GPU: KV cache freed
@@ -138,10 +160,51 @@ def test_sleep_and_wake_keep_the_engine_usable(engines):
     assert torch.equal(vllm_engine.generate(prompts, GREEDY).batch["responses"], before)
 
 
+def test_an_engine_started_with_dummy_weights_generates_like_the_checkpoint_after_a_full_sync(engines):
+    """The module's engine started with load_format="dummy" (no checkpoint read): generate was refused
+    until every weight was synced (a half sync was not enough); after the sync its tokens and log-probs
+    are those of an engine that read the checkpoint (recorded before, see the fixture)."""
+    vllm_engine, _, _, from_checkpoint = engines
+    assert vllm_engine.config.load_format == "dummy" and not vllm_engine.awaits_full_sync
+    assert from_checkpoint["dummy_checksums"] != from_checkpoint["checksums"]  # the checkpoint was not read
+    assert "not fully received" in from_checkpoint["half_sync"]
+    assert re.search(r"generate\(\) before a weight sync: the rollout engine was started with dummy weights "
+                     r".*rollout.load_format=real", from_checkpoint["refused"])
+    assert vllm_engine.weight_checksums() == from_checkpoint["checksums"]
+    for sampling, expected in from_checkpoint["outputs"].items():
+        ours = vllm_engine.generate(from_checkpoint["prompts"], sampling).batch
+        assert torch.equal(ours["responses"], expected["responses"])
+        assert torch.equal(ours["rollout_log_probs"], expected["rollout_log_probs"])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kernel_format", [True, False], ids=["in_place", "layerwise_reload"])
+def test_sleep_level_2_frees_the_weights_and_a_full_sync_after_waking_restores_generation(engines, kernel_format):
+    """vLLM 0.32 drops the weights at level 2 and keeps the model's buffers (rotary caches) on the host;
+    parameters come back at the same addresses with undefined contents, which the sync overwrites."""
+    vllm_engine, hf_engine, original, _ = engines
+    prompts = prompt_batch(hf_engine.tokenizer, 8)
+    before = {s: vllm_engine.generate(prompts, s).batch for s in (GREEDY, SAMPLED)}
+    free = torch.cuda.mem_get_info()[0]
+    vllm_engine.sleep(full_sync_next=True)
+    weights_bytes = sum(t.numel() * t.element_size() for t in original.values())
+    assert torch.cuda.mem_get_info()[0] - free >= weights_bytes  # weights and KV cache freed, not kept
+    assert vllm_engine.awaits_full_sync
+    vllm_engine.wake(("weights",))
+    with vllm_engine.weight_update(kernel_format=kernel_format) as consume:
+        for bucket in piece_buckets(original, vllm_engine.needed_boxes):
+            consume(bucket)
+    vllm_engine.wake(("kv_cache",))
+    for sampling, expected in before.items():
+        after = vllm_engine.generate(prompts, sampling).batch
+        assert torch.equal(after["responses"], expected["responses"])
+        assert torch.equal(after["rollout_log_probs"], expected["rollout_log_probs"])
+
+
 def test_cpu_kv_cache_holds_every_sequence_and_no_more(engines):
     """kv_cache_bytes=64 MiB is a cap on CPU: the engine allocates what max_num_seqs sequences of
     max_model_len tokens take (one spare), so nothing is preempted and nothing is zeroed in vain."""
-    vllm_engine, _, _ = engines
+    vllm_engine, _, _, _ = engines
     cache = vllm_engine.llm.llm_engine.vllm_config.cache_config
     per_seq, seqs = -(-vllm_engine.config.max_model_len // cache.block_size), vllm_engine.config.max_num_seqs
     assert seqs * per_seq <= cache.num_gpu_blocks <= (seqs + 2) * per_seq
@@ -152,7 +215,7 @@ def test_row_seeds_make_samples_independent_of_the_split(engines):
     replicas' calls: the samples are distinct, and the same as in one call (seeds follow the sample)."""
     from rlframe.workers.rollout.seeds import seeds_for
 
-    vllm_engine, hf_engine, _ = engines
+    vllm_engine, hf_engine, _, _ = engines
     one = prompt_batch(hf_engine.tokenizer, 1)
     rows = {k: v.repeat(6, 1) for k, v in one.items()}
     rows["seed"] = seeds_for([(11, "uid-0", j, 0) for j in range(6)])
