@@ -184,6 +184,10 @@ class ResourcesConfig:
     # (the node back, or another one) before failing (controller/trainers/node_loss.py).
     elastic: bool = False
     node_wait_s: float = 300.0
+    # GiB of one GPU that the dry run's memory estimate compares with (what torch.cuda.mem_get_info
+    # reports as total, e.g. 79.19 for an H100 80GB); None: the GPU visible where the dry run runs,
+    # else an H100 80GB's 79.19.
+    device_memory_gib: float | None = None
 
 
 @dataclass
