@@ -275,6 +275,15 @@ class RunConfig:
         return self.algorithm.adv_estimator == "gae" and self.algorithm.name not in ("online_dpo", "sft")
 
     @property
+    def max_model_len(self) -> int:
+        """The longest sequence the engines hold: a partial rollout's continuation may sample a whole
+        budget past the response length (cut off after); a later agent turn's prompt holds the
+        earlier turns and may ask for all tokens left."""
+        d = self.data
+        return d.prompt_length + d.response_length + self.rollout.partial_budget + \
+            (d.response_length if self.agent.enabled else 0)
+
+    @property
     def uses_ref(self) -> bool:
         if self.ref.enabled is not None:
             return self.ref.enabled

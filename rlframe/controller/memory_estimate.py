@@ -31,6 +31,7 @@ import math
 from dataclasses import dataclass, field
 from math import prod
 
+from rlframe.config.resources import has_reference_group
 from rlframe.config.schema import RunConfig, TrainRoleConfig
 from rlframe.controller.activation_memory import micro_batch_bytes
 from rlframe.resharding.formats import ModelDims
@@ -124,19 +125,13 @@ class Role:
 
 
 def training_roles(cfg: RunConfig) -> list[Role]:
-    from rlframe.config.resources import has_reference_group
-
+    """The roles whose engines hold the model on training devices: actor, reference, critic."""
     roles = [Role("actor", cfg.actor, "lm", True)]
     if has_reference_group(cfg):  # built with the actor's layout
         roles.append(Role("reference", cfg.actor, "lm", False))
     if cfg.uses_critic:
         roles.append(Role("critic", cfg.critic, "value", True))
     return roles
-
-
-def max_len(cfg: RunConfig) -> int:
-    """The longest sequence a micro-batch holds (controller/trainers/roles.py)."""
-    return cfg.data.prompt_length + cfg.data.response_length + cfg.rollout.partial_budget
 
 
 class Estimate:
@@ -168,7 +163,7 @@ class Estimate:
 
     def _tokens(self, c: TrainRoleConfig) -> tuple[int, int, int]:
         """(tokens per micro-batch, its longest sequence, micro-batches per rank and mini-batch)."""
-        seq = max_len(self.cfg)
+        seq = self.cfg.max_model_len
         per_rank = math.ceil(c.mini_batch_size / c.dp)
         if c.max_tokens_per_micro_batch is not None:
             return c.max_tokens_per_micro_batch, min(seq, c.max_tokens_per_micro_batch), per_rank
@@ -240,7 +235,8 @@ class Estimate:
                     out.append(dev)
             return out
         world = self.cfg.resources.nodes * self.cfg.resources.procs_per_node
-        keys = sorted({tuple(r.layout().coords_of(rank)[0] for r in roles) for rank in range(world)})
+        layouts = [r.layout() for r in roles]
+        keys = sorted({tuple(lay.coords_of(rank)[0] for lay in layouts) for rank in range(world)})
         out = []
         for key in keys:
             label = "stage " + "/".join(map(str, sorted(set(key)))) if len(keys) > 1 else "each device"
