@@ -108,6 +108,8 @@ RANGES: dict[str, Rule] = {
     "resources.procs_per_node": POSITIVE_INT,
     "resources.cpus_per_proc": above(0),
     "resources.node_wait_s": at_least(0, " (seconds a run waits for a lost node's return; 0: fail at once)"),
+    "resources.device_memory_gib": above(0, " (GiB of one GPU as torch.cuda.mem_get_info reports it, e.g. 79.19 "
+                                            "for an H100 80GB; null: the visible GPU's, else 79.19)"),
     "ray.num_cpus": POSITIVE_INT,
     "trainer.total_steps": POSITIVE_INT,
     "trainer.val_every": at_least(0, " (0: no validation)"),

@@ -33,9 +33,13 @@ def process_count(cfg: RunConfig) -> int:
     if res.placement == "colocated":
         return res.nodes * res.procs_per_node
     sizes = role_world_sizes(cfg)
-    roles = ["actor", "rollout"] + (["critic"] if cfg.uses_critic else []) + \
-        (["ref"] if (cfg.uses_ref or cfg.algorithm.name == "online_dpo") and cfg.actor.lora_rank == 0 else [])
+    roles = ["actor", "rollout"] + (["critic"] if cfg.uses_critic else []) + (["ref"] if has_reference_group(cfg) else [])
     return sum(sizes[r] for r in roles)
+
+
+def has_reference_group(cfg: RunConfig) -> bool:
+    """Whether the run builds a reference worker group (with LoRA the actor is its own reference)."""
+    return (cfg.uses_ref or cfg.algorithm.name == "online_dpo") and cfg.actor.lora_rank == 0
 
 
 def generation_group(cfg: RunConfig) -> str:

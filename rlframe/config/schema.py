@@ -189,6 +189,10 @@ class ResourcesConfig:
     # (the node back, or another one) before failing (controller/trainers/node_loss.py).
     elastic: bool = False
     node_wait_s: float = 300.0
+    # GiB of one GPU that the dry run's memory estimate compares with (what torch.cuda.mem_get_info
+    # reports as total, e.g. 79.19 for an H100 80GB); None: the GPU visible where the dry run runs,
+    # else an H100 80GB's 79.19.
+    device_memory_gib: float | None = None
 
 
 @dataclass
@@ -274,6 +278,15 @@ class RunConfig:
     @property
     def uses_critic(self) -> bool:
         return self.algorithm.adv_estimator == "gae" and self.algorithm.name not in ("online_dpo", "sft")
+
+    @property
+    def max_model_len(self) -> int:
+        """The longest sequence the engines hold: a partial rollout's continuation may sample a whole
+        budget past the response length (cut off after); a later agent turn's prompt holds the
+        earlier turns and may ask for all tokens left."""
+        d = self.data
+        return d.prompt_length + d.response_length + self.rollout.partial_budget + \
+            (d.response_length if self.agent.enabled else 0)
 
     @property
     def uses_ref(self) -> bool:

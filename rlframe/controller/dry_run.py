@@ -1,7 +1,8 @@
 """`trainer.dry_run=true`: print placement, layouts, the resharding plan and a memory estimate.
 
 Runs on a laptop for any cluster config: it needs only the model's shapes (from `model.hf_config`,
-the `config.json` at `model.path`, or the tiny preset), never weights, GPUs or Ray.
+the `config.json` at `model.path`, or the tiny preset), never weights, GPUs or Ray. The memory
+table is `memory_estimate.py`'s, a column per pipeline stage (or group, with split placement).
 """
 
 from __future__ import annotations
@@ -12,13 +13,11 @@ from pathlib import Path
 
 from rlframe.config.schema import RunConfig
 from rlframe.config.resources import process_count, role_world_sizes
+from rlframe.controller.memory_estimate import GiB, Estimate, training_roles
 from rlframe.resharding.formats import ModelDims, hf_param_shapes
 from rlframe.resharding.layout import Layout, generation_layout
 from rlframe.resharding.planner import ParamMeta, plan_reshard
 from rlframe.workers.weight_plan import split_generation_layout
-
-GiB = 1 << 30
-DEVICE_GIB = 80  # per-GPU memory the estimate is compared with
 
 
 def model_dims(cfg: RunConfig) -> ModelDims:
@@ -57,37 +56,46 @@ def runtime_dtype(cfg: RunConfig):
     return precision_dtype(cfg.actor.precision, on_gpu=cfg.resources.use_gpu)
 
 
-def _training_state_bytes(role, n_params: int, wbytes: int) -> float:
-    """Per-device bytes of a trained role's weights, gradients and Adam state, as its engine holds them."""
-    if role.strategy == "fsdp":  # fp32 sharded parameters (the master copy), gradients and moments
-        return n_params * (4 + 4 + 8) / (role.dp * role.tp)
-    mp = role.tp * role.pp  # megatron: compute-dtype weights, fp32 grad buffer (grad_reduce_in_fp32),
-    main = 4 if wbytes < 4 else 0  # distributed optimizer: fp32 main copy of 16-bit weights + moments
-    return n_params * (wbytes + 4) / mp + n_params * (main + 8) / (mp * role.dp)
+def synced_dtype(cfg: RunConfig):
+    """The dtype a weight sync moves: the training shards as the actor's engine holds them (fsdp:
+    its fp32 sharded parameters, which vLLM casts on load; megatron: its compute-dtype weights)."""
+    import torch
+
+    return torch.float32 if cfg.actor.strategy == "fsdp" else runtime_dtype(cfg)
 
 
-def memory_estimate(cfg: RunConfig, n_params: int) -> list[tuple[str, float]]:
-    """Per-device GiB of each colocated part (weights, grads, optimizer, vLLM; no activations), with
-    the dtypes and KV-cache size the runtime uses."""
-    from rlframe.workers.common import kv_cache_bytes
+def memory_lines(cfg: RunConfig, dims: ModelDims, shapes: dict) -> list[str]:
+    """The per-device memory table (a column per pipeline stage or group) and its verdict."""
+    est = Estimate(cfg, dims, shapes, runtime_dtype(cfg).itemsize)
+    devices = est.devices()
+    names = list(dict.fromkeys(name for d in devices for name, _ in d.rows()))
+    width = max(len(n) for n in names) + 2
+    where = (f"device {est.device_gib:.2f} GiB: {est.device_source}" if cfg.resources.use_gpu else
+             "CPU processes: host memory, no verdict")
+    cols = [max(10, len(d.label)) + 2 for d in devices]
 
-    a, on_gpu = cfg.actor, cfg.resources.use_gpu
-    wbytes = runtime_dtype(cfg).itemsize
-    rows = [("actor training state", _training_state_bytes(a, n_params, wbytes) / GiB)]
-    if cfg.uses_ref:  # the reference is built with the actor's layout; fsdp keeps its fp32 shards
-        ref = n_params * 4 / (a.dp * a.tp) if a.strategy == "fsdp" else n_params * wbytes / (a.tp * a.pp)
-        rows.append(("reference weights", ref / GiB))
-    if cfg.uses_critic:
-        rows.append(("critic training state", _training_state_bytes(cfg.critic, n_params, wbytes) / GiB))
-    weights = n_params * wbytes / cfg.rollout.tp
-    rows.append(("rollout weights", weights / GiB))
-    kv = kv_cache_bytes(cfg.rollout, on_gpu=on_gpu)
-    if kv is not None:
-        rows.append(("vLLM KV cache (rollout.kv_cache_bytes; on CPU at most)", kv / GiB))
-    else:  # vLLM's budget gpu_memory_utilization * device holds its weights and the KV cache
-        rows.append(("vLLM KV cache (gpu_memory_utilization budget - weights)",
-                     cfg.rollout.gpu_memory_utilization * DEVICE_GIB - weights / GiB))
-    return rows
+    def row(name: str, cells) -> str:
+        return f"  {name:<{width}}" + "".join("-".rjust(w) if g is None else f"{g:{w}.2f}" for g, w in zip(cells, cols))
+
+    lines = [f"memory estimate per device (GiB; {where}):",
+             f"  {'':<{width}}" + "".join(d.label.rjust(w) for d, w in zip(devices, cols))]
+    lines += [row(name, [dict(d.rows()).get(name) for d in devices]) for name in names]
+    lines.append(row("training phase (+ largest role's step)", [d.training_gib for d in devices]))
+    lines.append(row("generation phase (+ vLLM)", [d.generation_gib for d in devices]))
+    if any(r.cfg.pp > 1 and r.cfg.strategy == "megatron" for r in training_roles(cfg)):
+        lines.append("  (1F1B: pipeline stage k keeps the activations of pp - k micro-batches in flight)")
+    worst = max(devices, key=lambda d: d.peak_gib)
+    kv = [g for d in devices for name, g in d.generation if name.startswith("vLLM KV cache")]
+    if kv and min(kv) <= 0:
+        lines.append(f"  vLLM gets no KV cache: rollout.gpu_memory_utilization * {est.device_gib:.2f} GiB does not "
+                     "hold its weights and activation peak; raise gpu_memory_utilization or rollout.tp")
+    if cfg.resources.use_gpu:
+        fits = worst.peak_gib <= est.device_gib and not (kv and min(kv) <= 0)
+        verdict = "fits" if fits else ("does NOT fit (raise tp/pp/nodes, turn on activation_checkpointing, lower "
+                                       "micro_batch_size or gpu_memory_utilization)")
+        which = f"{worst.label} decides: " if len(devices) > 1 else ""
+        lines.append(f"  peak: {which}{worst.peak_gib:.2f} GiB of {est.device_gib:.2f}: {verdict}")
+    return lines
 
 
 def describe_run(cfg: RunConfig) -> str:
@@ -97,12 +105,11 @@ def describe_run(cfg: RunConfig) -> str:
     res = cfg.resources
     sizes = role_world_sizes(cfg)
     train, gen, scheme = layouts(cfg)
-    dtype = runtime_dtype(cfg)
-    itemsize = dtype.itemsize
-    plan = plan_reshard({n: ParamMeta(s, dtype) for n, s in shapes.items()}, src=train, dst=gen,
+    sync = synced_dtype(cfg)
+    plan = plan_reshard({n: ParamMeta(s, sync) for n, s in shapes.items()}, src=train, dst=gen,
                         num_layers=dims.num_layers)
     recv = [plan.bytes_received(r) for r in gen.ranks]
-    model_bytes = n_params * itemsize
+    model_bytes = n_params * sync.itemsize
     lines = [
         f"algorithm: {cfg.algorithm.name} (advantage estimator {cfg.algorithm.adv_estimator}, "
         f"{cfg.algorithm.n_samples} sample(s) per prompt, critic {'on' if cfg.uses_critic else 'off'}, "
@@ -120,26 +127,9 @@ def describe_run(cfg: RunConfig) -> str:
         lines.append(f"critic training: {c.strategy} pp={c.pp} tp={c.tp} dp={c.dp}")
     lines += [
         f"rollout: vLLM-style generation tp={gen.tp} x {gen.dp} replicas ({cfg.rollout.backend} backend)",
-        f"resharding ({scheme}): per rank receives max {max(recv) / GiB:.3f} GiB, mean "
+        f"resharding ({scheme}), {str(sync).removeprefix('torch.')} as the {cfg.actor.strategy} engine holds "
+        f"its shards: per rank receives max {max(recv) / GiB:.3f} GiB, mean "
         f"{sum(recv) / len(recv) / GiB:.3f} GiB; gathering full tensors on every rank would receive "
         f"{model_bytes / GiB:.3f} GiB per rank; {len(plan.transfers)} transfers",
-        f"memory estimate per device (GiB, no activations; {DEVICE_GIB} GiB device):",
     ]
-    rows = memory_estimate(cfg, n_params)
-    lines += [f"  {name:<56} {gib:8.2f}" for name, gib in rows]
-    if res.placement == "split":  # each group's devices hold only their own parts
-        gen_rows = [g for name, g in rows if name.startswith(("rollout", "vLLM"))]
-        total = max(sum(gen_rows), max(g for name, g in rows if not name.startswith(("rollout", "vLLM"))))
-        lines.append(f"  {'largest group (split: generation vs one training role)':<56} {total:8.2f}")
-    else:
-        total = sum(g for _, g in rows)
-        lines.append(f"  {'total (colocated)':<56} {total:8.2f}")
-    kv = rows[-1][1]
-    if kv <= 0:
-        lines.append(f"  vLLM gets no KV cache: rollout.gpu_memory_utilization * {DEVICE_GIB} GiB does not hold "
-                     f"its {rows[-2][1]:.2f} GiB of weights; raise gpu_memory_utilization or rollout.tp")
-    if res.use_gpu:
-        verdict = "fits" if total <= DEVICE_GIB and kv > 0 else \
-            "does NOT fit (raise tp/pp/nodes, or lower gpu_memory_utilization)"
-        lines.append(f"  {verdict} in {DEVICE_GIB} GiB before activations")
-    return "\n".join(lines)
+    return "\n".join(lines + memory_lines(cfg, dims, shapes))

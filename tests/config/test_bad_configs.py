@@ -169,6 +169,7 @@ CASES = [
     ("rollout.load_format=dummy", "rollout.load_format='dummy': 'dummy' is not one of auto, real",
      "set rollout.load_format to one of them"),
     ("resources.node_wait_s=-5", "resources.node_wait_s=-5", "resources.node_wait_s=300"),
+    ("resources.device_memory_gib=0", "resources.device_memory_gib=0", "resources.device_memory_gib=null"),
     ("resources.elastic=true resources.placement=split actor.dp=1 critic.dp=1 +resources.split_procs={actor:1}",
      "resources.elastic=true shrinks a colocated run", "set resources.elastic=false"),
     ("resources.elastic=true trainer.max_restarts=0", "resources.elastic=true acts when the run restarts",

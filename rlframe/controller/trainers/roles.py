@@ -111,10 +111,7 @@ def worker_class(target: str | None, default: type) -> type:
 
 
 def role_specs(cfg: RunConfig, *, actor_path: str, critic_path: str) -> dict[str, RoleSpec]:
-    # a partial rollout's continuation may sample a whole budget past the response length (cut off after)
-    max_len = cfg.data.prompt_length + cfg.data.response_length + cfg.rollout.partial_budget
-    if cfg.agent.enabled:  # a later turn's prompt holds the earlier turns, and may ask for all tokens left
-        max_len += cfg.data.response_length
+    max_len = cfg.max_model_len
     # Dr. GRPO's seq-mean-token-sum-norm divides by a constant: the maximum response length.
     algorithm = dataclasses.replace(cfg.algorithm, loss_scale_factor=cfg.algorithm.loss_scale_factor
                                     or float(cfg.data.response_length))
