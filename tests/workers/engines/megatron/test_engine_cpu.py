@@ -144,18 +144,63 @@ def _bf16_tp2(rank, world, lm_path):
             "params": sorted({str(p.dtype) for p in engine.model.parameters()})}
 
 
-def test_megatron_bf16_on_cpu(paths, reference):
+def _recompute_tp2(rank, world, lm_path):
+    """One fp32 step at tp2 with activation_checkpointing off and on (megatron-core's full recompute,
+    one layer per unit), counting the first layer's MLP forwards."""
+    from rlframe.workers.engines import TrainEngineConfig, get_train_engine
+    from tests.workers.engines.reference import make_batch, policy_loss
+
+    batch = make_batch(batch_size=4, vocab=64, seed=3)
+    out = {}
+    for on in (False, True):
+        engine = get_train_engine("megatron")(TrainEngineConfig(
+            model_path=lm_path, tp=2, lr=2e-3, eps=1e-3, grad_clip=None, activation_checkpointing=on))
+        calls = []  # once per micro-batch, twice with recompute
+        engine.model.module.decoder.layers[0].mlp.register_forward_pre_hook(lambda *_: calls.append(1))
+        before = engine.full_state_dict()
+        metrics = engine.train_step(policy_loss, batch, with_entropy=True)
+        after = engine.full_state_dict()
+        out[on] = {"loss": metrics["loss"], "grad_norm": metrics["grad_norm"], "mlp_forwards": len(calls),
+                   "after": after, "moved": max(float((after[k] - before[k]).abs().max()) for k in after)}
+    return {"forwards": (out[False]["mlp_forwards"], out[True]["mlp_forwards"]),
+            "loss": abs(out[True]["loss"] - out[False]["loss"]),
+            "grad_norm": abs(out[True]["grad_norm"] - out[False]["grad_norm"]),
+            "weights": max(float((out[True]["after"][k] - out[False]["after"][k]).abs().max()) for k in out[False]["after"]),
+            "moved": out[False]["moved"]}
+
+
+def _tp2_cases(rank, world, lm_path):
+    return {"bf16": _bf16_tp2(rank, world, lm_path), "recompute": _recompute_tp2(rank, world, lm_path)}
+
+
+@pytest.fixture(scope="module")
+def tp2_cases(paths):
+    """Both tp2 cases in one pair of processes (one megatron start-up for the two tests)."""
+    return run_distributed(_tp2_cases, world_size=2, args=(paths[0],), timeout_s=600)
+
+
+def test_megatron_bf16_on_cpu(tp2_cases, reference):
     """precision=bf16 (bf16 weights and compute, fp32 main weights in the distributed optimizer) at
     TP=2 on gloo: fp32 log-probs near the fp32 reference's, the same first loss up to bf16, and it learns."""
     from tests.workers.engines.reference import make_batch
 
-    out = run_distributed(_bf16_tp2, world_size=2, args=(paths[0],), timeout_s=600)[0]
+    out = tp2_cases[0]["bf16"]
     mask = make_batch(batch_size=BATCH, vocab=64, seed=3)["response_mask"].numpy().astype(bool)
     assert out["params"] == ["torch.bfloat16"] and out["dtype"] == "torch.float32"
     diff = np.abs(out["log_probs"] - reference["lm"]["before"]["log_probs"])[mask]
     assert 0 < float(diff.mean()) < 0.05, float(diff.mean())
     assert out["losses"][0] == pytest.approx(reference["lm"]["loss"], rel=2e-2)
     assert out["losses"][-1] < out["losses"][0], out["losses"]
+
+
+def test_activation_checkpointing_gives_the_same_step(tp2_cases):
+    """actor.activation_checkpointing on megatron: the backward recomputes every layer, and the step's
+    loss, gradient norm and new weights equal those without it."""
+    for res in (r["recompute"] for r in tp2_cases):
+        off, on = res["forwards"]
+        assert off >= 1 and on == 2 * off, res
+        assert res["moved"] > 1e-4, res
+        assert res["loss"] <= 1e-6 and res["grad_norm"] <= 1e-6 and res["weights"] <= 1e-6, res
 
 
 def _train_save_or_resume(rank, world, lm_path, ckpt_dir, export_dir, resume):
