@@ -333,6 +333,7 @@ def _check_paths(cfg: RunConfig, out: list[str]) -> None:
              "or set model.critic_path=null to give the critic the actor's model with a value head")):
         if problem := _model_dir_problem(key, model_dir, fix, hf_config=cfg.model.hf_config is not None):
             out.append(problem)
+    out.extend(_megatron_model_problems(cfg))
     if cfg.reward.function_path is not None and not Path(cfg.reward.function_path).expanduser().is_file():
         out.append(f"reward.function_path={cfg.reward.function_path!r} does not exist; give the path of a "
                    ".py file that defines reward.function_name")
@@ -364,6 +365,30 @@ def _check_paths(cfg: RunConfig, out: list[str]) -> None:
     for i, rm_dir in enumerate(cfg.reward.model_paths):  # a sequence classifier with its tokenizer
         if problem := check_reward_model_dir(f"reward.model_paths[{i}]", rm_dir):
             out.append(problem)
+
+
+def _megatron_model_problems(cfg: RunConfig) -> list[str]:
+    """What the megatron engine would refuse in a role's model (architecture, tied embeddings, a layout
+    that does not divide its shapes), read from config.json here instead of in every worker."""
+    if "megatron" not in (cfg.actor.strategy, cfg.critic.strategy):
+        return []  # (and no torch import for the check)
+    import json
+
+    from rlframe.resharding.formats import ModelDims
+    from rlframe.workers.engines.megatron.model import check_hf_config
+
+    out = []
+    for name, role, model_dir in (("actor", cfg.actor, cfg.model.path),
+                                  ("critic", cfg.critic, (cfg.model.critic_path or cfg.model.path) if cfg.uses_critic else None)):
+        config_file = Path(model_dir).expanduser() / "config.json" if model_dir else None
+        if role.strategy != "megatron" or config_file is None or not config_file.is_file():
+            continue
+        try:
+            raw = json.loads(config_file.read_text())
+            check_hf_config(ModelDims.config_namespace(raw), tp=role.tp, pp=role.pp, where=str(model_dir))
+        except (ValueError, KeyError, TypeError) as err:
+            out.append(f"{name}.strategy=megatron: {err}")
+    return out
 
 
 def _model_dir_problem(key: str, model_dir: str | None, fix: str, *, hf_config: bool) -> str | None:

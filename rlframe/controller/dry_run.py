@@ -22,8 +22,6 @@ from rlframe.workers.weight_plan import split_generation_layout
 
 def model_dims(cfg: RunConfig) -> ModelDims:
     """Shapes of the actor model without loading weights."""
-    from types import SimpleNamespace
-
     raw = cfg.model.hf_config
     if raw is None and cfg.model.path is not None:
         raw = json.loads((Path(cfg.model.path).expanduser() / "config.json").read_text())
@@ -35,8 +33,7 @@ def model_dims(cfg: RunConfig) -> ModelDims:
         raw = {"num_hidden_layers": s.num_layers, "hidden_size": s.hidden_size, "num_attention_heads": s.num_heads,
                "num_key_value_heads": s.num_kv_heads, "intermediate_size": s.intermediate_size,
                "vocab_size": len(build_char_tokenizer()), "model_type": "qwen2"}
-    raw = {"num_key_value_heads": raw.get("num_attention_heads"), "model_type": "llama", **raw}
-    return ModelDims.from_hf_config(SimpleNamespace(**raw))
+    return ModelDims.from_hf_config(ModelDims.config_namespace(raw))
 
 
 def layouts(cfg: RunConfig) -> tuple[Layout, Layout, str]:

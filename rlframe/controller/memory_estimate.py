@@ -82,6 +82,13 @@ def role_shapes(shapes: dict[str, tuple[int, ...]], head: str) -> dict[str, tupl
     return {**out, "score.weight": (1, shapes["model.norm.weight"][0]), "score.bias": (1,)}
 
 
+def lora_fraction(shapes: dict[str, tuple[int, ...]], role: TrainRoleConfig) -> float:
+    """LoRA adapters' parameters (rank r on each targeted (out, in) weight: r (in + out)) over the model's."""
+    targets = tuple(f".{m}.weight" for m in role.lora_target_modules)
+    adapters = sum(role.lora_rank * (s[0] + s[1]) for n, s in shapes.items() if n.endswith(targets) and len(s) == 2)
+    return adapters / sum(prod(s) for s in shapes.values())
+
+
 Row = tuple[str, float]  # (part, GiB)
 
 
@@ -155,6 +162,9 @@ class Estimate:
         if not role.trained:
             per = 4 if c.strategy == "fsdp" else b  # fsdp keeps its fp32 shards
             return f"{role.name} weights", n * per / GiB
+        if c.strategy == "fsdp" and c.lora_rank > 0:  # a frozen fp32 base; grads and Adam for the adapters
+            adapters = n * lora_fraction(role_shapes(self.shapes, role.head), c)
+            return f"{role.name} fp32 base, LoRA adapters with grads and Adam (fsdp shard)", (n * 4 + adapters * 16) / GiB
         if c.strategy == "fsdp":
             return f"{role.name} fp32 weights, grads, Adam (fsdp shard)", n * 16 / GiB
         main = 4 if b < 4 else 0
@@ -163,7 +173,7 @@ class Estimate:
 
     def _tokens(self, c: TrainRoleConfig) -> tuple[int, int, int]:
         """(tokens per micro-batch, its longest sequence, micro-batches per rank and mini-batch)."""
-        seq = self.cfg.max_model_len
+        seq = self.cfg.data.prompt_length + self.cfg.data.response_length  # a trained row (vLLM's may be longer)
         per_rank = math.ceil(c.mini_batch_size / c.dp)
         if c.max_tokens_per_micro_batch is not None:
             return c.max_tokens_per_micro_batch, min(seq, c.max_tokens_per_micro_batch), per_rank
@@ -189,8 +199,9 @@ class Estimate:
         shapes = role_shapes(self.shapes, role.head)
         root = sum(prod(s) for n, s in shapes.items() if layer_index(n) is None)
         layer = sum(prod(s) for n, s in shapes.items() if layer_index(n) == 0)
-        head = prod(shapes["lm_head.weight"]) if role.head == "lm" else 0
-        n = (root + 2 * layer) * b + head * b + layer * (b + 4)
+        head = prod(shapes["lm_head.weight"]) if "lm_head.weight" in shapes else 0  # tied: in root
+        grads = layer * lora_fraction(shapes, role.cfg) if role.cfg.lora_rank > 0 else layer  # only adapters train
+        n = (root + 2 * layer) * b + head * b + grads * (b + 4)
         return f"{role.name} fsdp gathered params, unreduced grads", n / tp / GiB
 
     # ---- vLLM ----------------------------------------------------------------------------------

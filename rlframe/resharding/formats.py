@@ -41,6 +41,7 @@ class ModelDims:
     vocab_size: int
     head_dim: int | None = None
     qkv_bias: bool = False
+    tied_embeddings: bool = False  # the LM head is the embedding (no lm_head.weight of its own)
 
     def __post_init__(self):
         if self.head_dim is None:
@@ -53,7 +54,17 @@ class ModelDims:
         return cls(num_layers=cfg.num_hidden_layers, hidden_size=cfg.hidden_size, num_heads=cfg.num_attention_heads,
                    num_kv_heads=cfg.num_key_value_heads, intermediate_size=cfg.intermediate_size,
                    vocab_size=cfg.vocab_size, head_dim=getattr(cfg, "head_dim", None),
-                   qkv_bias=cfg.model_type == "qwen2" or bool(getattr(cfg, "attention_bias", False)))
+                   qkv_bias=cfg.model_type == "qwen2" or bool(getattr(cfg, "attention_bias", False)),
+                   tied_embeddings=bool(getattr(cfg, "tie_word_embeddings", False)))
+
+    @staticmethod
+    def config_namespace(raw: dict):
+        """A config.json's dict as the attribute object `from_hf_config` reads, with the defaults of
+        transformers' Llama config for keys a file may leave out (no weights, no transformers import)."""
+        from types import SimpleNamespace
+
+        return SimpleNamespace(**{"num_key_value_heads": raw.get("num_attention_heads"), "model_type": "llama",
+                                  "tie_word_embeddings": False, **raw})
 
     def check_tp(self, tp: int) -> None:
         if self.num_kv_heads % tp:
@@ -64,7 +75,8 @@ class ModelDims:
 
 
 def hf_param_shapes(dims: ModelDims) -> dict[str, tuple[int, ...]]:
-    """HF parameter names -> global shapes of a Llama/Qwen2 model (untied embeddings), in model order."""
+    """HF parameter names -> global shapes of a Llama/Qwen2 model, in model order (no lm_head.weight
+    when the embeddings are tied, as in the model's own named_parameters())."""
     H, hd, I = dims.hidden_size, dims.head_dim, dims.intermediate_size
     out = {"model.embed_tokens.weight": (dims.vocab_size, H)}
     for i in range(dims.num_layers):
@@ -80,7 +92,8 @@ def hf_param_shapes(dims: ModelDims) -> dict[str, tuple[int, ...]]:
         out[p + "mlp.up_proj.weight"] = (I, H)
         out[p + "mlp.down_proj.weight"] = (H, I)
     out["model.norm.weight"] = (H,)
-    out["lm_head.weight"] = (dims.vocab_size, H)
+    if not dims.tied_embeddings:
+        out["lm_head.weight"] = (dims.vocab_size, H)
     return out
 
 

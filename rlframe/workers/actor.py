@@ -51,6 +51,8 @@ class ActorWorker(TrainedRole):
                 actor=actor))
             self.bucket_bytes = rollout.bucket_bytes
             self._plan = self._make_reshard_plan(gen_tp=rollout.tp)
+            if self.rollout.awaits_full_sync:  # dummy weights: nothing to keep, and the first generation's
+                self.rollout.sleep(full_sync_next=True)  # sync then runs as every later one (KV cache freed)
         # True after an update: the rollout engine holds older weights. At start-up it holds the checkpoint
         # the trainer starts from, or nothing usable (dummy weights: `_sync_pending` covers that case).
         self._weights_stale = False

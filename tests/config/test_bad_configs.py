@@ -132,6 +132,9 @@ CASES = [
     (f"reward.model_paths=[{REPO}/tests/config/fixtures/rm_no_tokenizer]", "has no tokenizer",
      "tokenizer.save_pretrained(path)"),
     ("trainer.resume=/no/such/ckpt", "trainer.resume='/no/such/ckpt'", "trainer.resume=auto"),
+    # the megatron engine's refusals of a model, read from config.json before any worker starts
+    (f"model.path={REPO}/tests/config/fixtures/tied_lm actor.strategy=megatron",
+     "tie_word_embeddings=True is not supported by the megatron engine", "use strategy=fsdp"),
     # model.hf_config (shapes for dry runs) does not stand in for the weights of a real run
     ("model.path=/no/such/model model.hf_config={model_type:llama}",
      "model.path='/no/such/model' has no config.json (the directory does not exist)", "only in a dry run"),
