@@ -2,6 +2,7 @@
 the message the script looks for), so a GPU run does not spend its time on a typo."""
 
 import importlib.util
+import re
 from pathlib import Path
 
 import pytest
@@ -23,12 +24,13 @@ def test_every_case_validates_or_is_refused_as_expected():
     smoke = _smoke()
     cases = smoke.cases([1, 2, 8], ["tiny"])
     assert {c["layout"] for c in cases} >= {"fsdp", "fsdp-tp2", "megatron-tp2-pp2", "split (refused)"}
+    assert [c["refusal"] for c in smoke.cases([2], ["0.5b"]) if c["layout"].startswith("megatron")] == [smoke.TIED_REFUSAL]
     for case in cases:
         cfg = load_config("grpo_tiny", smoke.JOB + ["model.tiny_preset=demo", "trainer.dry_run=true",
                                                     *case["overrides"]])
         assert cfg.resources.use_gpu and cfg.resources.procs_per_node == case["gpus"]
-        if case["layout"].startswith("split"):
-            with pytest.raises(ConfigError, match=smoke.SPLIT_REFUSAL.replace(".", r"\.")):
+        if case["refusal"]:
+            with pytest.raises(ConfigError, match=re.escape(case["refusal"])):
                 validate(cfg)
         else:
             validate(cfg)
