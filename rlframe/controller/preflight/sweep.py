@@ -25,6 +25,7 @@ FACTORS: dict[str, tuple] = {
     "agent": ("off", "on"),
     "async": (0, 1),
     "precision": ("fp32", "bf16"),
+    "recompute": ("off", "on"),  # activation_checkpointing of the trained roles
 }
 DEFAULTS = {k: v[0] for k, v in FACTORS.items()}
 ROWS = 16  # one step's rows in every config: grpo 4 prompts x 4 samples, ppo 16 prompts
@@ -91,6 +92,8 @@ def config_for(row: dict) -> tuple[str, list[str]]:
         o.append(f"trainer.max_staleness={row['async']}")
     if row["precision"] == "bf16":
         o.append("actor.precision=bf16")
+    if row["recompute"] == "on":
+        o += [f"{role}.activation_checkpointing=true" for role in roles]
     return name, o
 
 
