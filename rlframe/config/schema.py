@@ -244,6 +244,14 @@ class TrainerConfig:
     # PPO with a critic: the first this many steps update only the critic (the actor does not learn
     # from a value head that is still random; verl's critic_warmup). 0: off.
     critic_warmup: int = 0
+    # What the model generated (docs/generations.md): every this many steps the step's samples go to
+    # <run dir>/generations/train.jsonl, and while on every held-out evaluation's to val.jsonl. 0: off.
+    rollout_dump_every: int = 0
+    rollout_dump_rows: int = 64  # rows per dump at most: the batch's first groups (a prompt's samples), whole
+    rollout_dump_logprobs: bool = False  # each row also holds the rollout engine's log-prob of every response token
+    # A generations file that reaches this many MiB is rotated (train.jsonl -> train.jsonl.1 -> .2, the
+    # oldest deleted): a kind of dump takes at most about 3x this.
+    rollout_dump_max_mb: float = 100.0
 
 
 @dataclass

@@ -238,6 +238,11 @@ def _check_roles_and_trainer(cfg: RunConfig, out: list[str]) -> None:
     elif cfg.trainer.critic_warmup >= cfg.trainer.total_steps:
         out.append(f"trainer.critic_warmup={cfg.trainer.critic_warmup} leaves the actor no step of trainer.total_steps="
                    f"{cfg.trainer.total_steps}; lower it")
+    t, n = cfg.trainer, cfg.algorithm.n_samples
+    if t.rollout_dump_every > 0 and cfg.algorithm.name != "sft" and t.rollout_dump_rows < n:
+        out.append(f"trainer.rollout_dump_rows={t.rollout_dump_rows} cannot hold one group of algorithm.n_samples={n} "
+                   f"samples, and a dump keeps a prompt's samples together (their advantages are relative to each "
+                   f"other); set trainer.rollout_dump_rows={n} or more")
     res = cfg.resources
     split = res.split_procs or {}
     unknown = sorted(set(split) - {"actor", "critic", "ref", "rollout"})

@@ -74,6 +74,9 @@ CASES = [
     ("trainer.critic_warmup=-1", "trainer.critic_warmup=-1", "trainer.critic_warmup=0"),
     ("trainer.save_every_minutes=-5", "trainer.save_every_minutes=-5", "trainer.save_every_minutes=30.0"),
     ("trainer.preempt_grace_s=-1", "trainer.preempt_grace_s=-1", "trainer.preempt_grace_s=30.0"),
+    ("trainer.rollout_dump_every=-1", "trainer.rollout_dump_every=-1", "trainer.rollout_dump_every=0"),
+    ("trainer.rollout_dump_rows=0", "trainer.rollout_dump_rows=0", "trainer.rollout_dump_rows=64"),
+    ("trainer.rollout_dump_max_mb=0", "trainer.rollout_dump_max_mb=0", "trainer.rollout_dump_max_mb=100.0"),
     ("actor.min_lr_ratio=1.5", "actor.min_lr_ratio=1.5", "actor.min_lr_ratio=0.0"),
     # ---- choices
     ("trainer.loggers=[jsonl,foo]", "trainer.loggers", "one of console, jsonl"),
@@ -96,6 +99,8 @@ CASES = [
     ("algorithm.name=grpo algorithm.adv_estimator=grpo algorithm.n_samples=2 trainer.critic_warmup=2",
      "trainer.critic_warmup=2", "trainer.critic_warmup=0"),
     ("trainer.critic_warmup=60", "trainer.critic_warmup=60", "lower it"),
+    ("algorithm.name=grpo algorithm.adv_estimator=grpo algorithm.n_samples=2 trainer.rollout_dump_every=1 "
+     "trainer.rollout_dump_rows=1", "trainer.rollout_dump_rows=1", "set trainer.rollout_dump_rows=2"),
     ("resources.split_procs={actor:2}", "resources.split_procs", "set placement=split"),
     ("resources.placement=split resources.split_procs={reward:2}", "resources.split_procs has unknown roles",
      "use actor, critic, ref and rollout"),

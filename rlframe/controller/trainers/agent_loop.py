@@ -11,6 +11,9 @@ turns, or data.response_length tokens.
         turns without calls, at the turn limit or out of tokens end; the others get the tool turn
         (tokens the model never sampled) appended
 
+Per sample the batch also records `agent_turns` (its assistant turns) and the non-tensor
+`agent_tool_statuses` (each tool call's status, in order), which the generation dumps show.
+
 Token bookkeeping, per sample, in one response row of data.response_length tokens:
   responses        the policy's turns and the tool turns between them, in order
   attention_mask   1 over all of them (the model sees the tool results as context)
@@ -56,6 +59,7 @@ class Trajectory:
     done: bool = False
     truncated: bool = False  # ran out of tokens before its last turn ended
     tool_seconds: float = 0.0  # wall time its tool calls took, all turns
+    statuses: list[str] = field(default_factory=list)  # each tool call's status (ok, error, ...), in order
     budget_spent: bool = False  # ended because tool_seconds reached agent.max_tool_seconds_per_trajectory
 
 
@@ -121,6 +125,7 @@ class AgentLoop:
                 k = 0
                 for t, calls in pending:
                     done = results[k:k + len(calls)]
+                    t.statuses += [r.status for r in done]
                     self._append_tool_turn(t, [r.text for r in done], seconds=sum(r.seconds for r in done))
                     k += len(calls)
             if self.turn_checks is not None:
@@ -191,8 +196,10 @@ class AgentLoop:
         for i, t in enumerate(trajs):
             policy[i, :len(t.mask)] = torch.as_tensor(t.mask, dtype=policy.dtype)
         tensors["response_mask"] = policy  # attention_mask keeps the tool turns: context, not trained
+        tensors["agent_turns"] = torch.tensor([t.turns for t in trajs], dtype=torch.long)
         out = prompts.select(batch_keys=[], non_tensor_keys=prompts.non_tensor_keys).repeat(n)
-        return out.union(DataProto.from_dict(tensors=tensors))
+        return out.union(DataProto.from_dict(tensors=tensors,
+                                             non_tensors={"agent_tool_statuses": [list(t.statuses) for t in trajs]}))
 
     def _metrics(self, trajs: list[Trajectory], statuses: Counter) -> dict[str, float]:
         calls = sum(statuses.values())

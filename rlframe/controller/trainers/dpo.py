@@ -31,6 +31,7 @@ class OnlineDPOTrainer(PPOTrainer):
                 batch, gen_m = self.next_rollout()  # asynchronous too: DPO's loss has no ratio to correct
             with timed(t, "reward"):
                 batch, reward_m = self.score(batch)
+            self.generations.train(self.step, batch)  # trainer.rollout_dump_every: the sampled pairs
             scores = batch.batch["token_level_scores"].sum(-1)
             chosen, rejected = make_preference_pairs(scores=scores, index=batch.non_tensor_batch["uid"])
             m["dpo/pairs"] = float(len(chosen))

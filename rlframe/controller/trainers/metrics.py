@@ -14,16 +14,23 @@ def _stats(prefix: str, x: torch.Tensor) -> dict[str, float]:
     return {f"{prefix}/mean": x.mean().item(), f"{prefix}/max": x.max().item(), f"{prefix}/min": x.min().item()}
 
 
+def ended_and_cut(batch, *, response_length: int, end_ids) -> tuple[torch.Tensor, torch.Tensor]:
+    """(B,) bools: the response ended (its last token is an end id: `end_ids`, every id the engine
+    stops at), and it was cut off (it fills the length limit without ending)."""
+    resp = batch.batch["responses"]
+    occupied = batch.batch["attention_mask"][:, -resp.shape[1]:].sum(-1)
+    last = resp.gather(1, (occupied - 1).clamp(min=0).long().unsqueeze(1)).squeeze(1)
+    ended = torch.isin(last, torch.tensor(sorted(end_ids), dtype=resp.dtype)) & (occupied > 0)
+    return ended, (occupied >= response_length) & ~ended
+
+
 def batch_metrics(batch, *, response_length: int, end_ids) -> dict[str, float]:
     """`response_length/clip_ratio` is the fraction of rows cut off: at the length limit without an
-    end id (`end_ids`: every id the engine stops at) as their last token."""
+    end id as their last token (ended_and_cut)."""
     b = batch.batch
     mask = b["response_mask"].bool()
     resp_len = mask.sum(-1).float()
-    resp = b["responses"]
-    occupied = b["attention_mask"][:, -resp.shape[1]:].sum(-1)
-    last = resp.gather(1, (occupied - 1).clamp(min=0).long().unsqueeze(1)).squeeze(1)
-    ended = torch.isin(last, torch.tensor(sorted(end_ids), dtype=resp.dtype)) & (occupied > 0)
+    _, cut = ended_and_cut(batch, response_length=response_length, end_ids=end_ids)
     prompt_len = b["attention_mask"][:, : b["prompts"].shape[1]].sum(-1).float()
     valid = mask.any(-1)
     out = {
@@ -33,7 +40,7 @@ def batch_metrics(batch, *, response_length: int, end_ids) -> dict[str, float]:
         **_stats("critic/returns", b["returns"][mask]),
         **_stats("response_length", resp_len),
         **_stats("prompt_length", prompt_len),
-        "response_length/clip_ratio": ((occupied >= response_length) & ~ended).float().mean().item(),
+        "response_length/clip_ratio": cut.float().mean().item(),
         "response_length/empty_ratio": (~valid).float().mean().item(),
     }
     if "values" in b.keys():

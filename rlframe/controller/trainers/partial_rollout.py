@@ -199,7 +199,7 @@ class PartialRollouts:
     def state_dict(self) -> dict:
         """The pool and the completion counts as JSON-able data (trainer_state.json)."""
         return {"started": self.started, "completed_first": self.completed_first,
-                "pool": [{"prompt": g.prompt, "fields": {k: _plain(v) for k, v in g.fields.items()},
+                "pool": [{"prompt": g.prompt, "fields": {k: plain_json(v) for k, v in g.fields.items()},
                           "samples": [dataclasses.asdict(s) for s in g.samples]} for g in self.pool]}
 
     def load_state_dict(self, state: dict) -> None:
@@ -208,12 +208,14 @@ class PartialRollouts:
                            samples=[Sample(**s) for s in g["samples"]]) for g in state["pool"]]
 
 
-def _plain(value):
+def plain_json(value):
     """A non-tensor field as JSON-able Python (numpy scalars and arrays to their Python form)."""
     if isinstance(value, np.generic):
         return value.item()
     if isinstance(value, np.ndarray):
         return value.tolist()
     if isinstance(value, dict):
-        return {k: _plain(v) for k, v in value.items()}
+        return {k: plain_json(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [plain_json(v) for v in value]
     return value

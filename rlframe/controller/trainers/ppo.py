@@ -32,6 +32,7 @@ from rlframe.controller.trainers import phases
 from rlframe.controller.trainers.agent_loop import build_agent_loop
 from rlframe.controller.trainers.async_rollout import RolloutPipeline
 from rlframe.controller.trainers.checkpoint import CheckpointManager, driver_rng_state, restore_driver_rng
+from rlframe.controller.trainers.generations import GenerationDump
 from rlframe.controller.trainers.metrics import batch_metrics, gathered, overhead, throughput
 from rlframe.controller.trainers.partial_rollout import PartialRollouts
 from rlframe.controller.trainers.preemption import Preempted, PreemptionWatch
@@ -75,6 +76,7 @@ class PPOTrainer:
         self.roles = build_roles(cfg, actor_path=self.actor_path, critic_path=cfg.model.critic_path or self.actor_path)
         self.tracker = Tracker(self.run_dir, sinks=cfg.trainer.loggers, experiment=cfg.trainer.experiment,
                                config=to_dict(cfg), plot=cfg.trainer.plot)
+        self.generations = GenerationDump(cfg, self.tokenizer, self.tracker, end_ids=self.end_ids)
         self.ckpt = CheckpointManager(self.run_dir, keep=cfg.trainer.keep_checkpoints)
         self.step = 0
         self._last_save, self._save_s = time.monotonic(), 0.0  # when the last checkpoint ended; how long it took
@@ -179,6 +181,7 @@ class PPOTrainer:
                 updates["update_critic"] = self.roles.critic.update_critic(batch, blocking=False)
             if self.step > self.cfg.trainer.critic_warmup:  # critic warm-up: the value head learns first
                 updates["update_actor"] = self.roles.actor.update_actor(batch, blocking=False)
+            self.generations.train(self.step, batch)  # trainer.rollout_dump_every, while the workers update
             for _, out in phases.wait_in_order(updates, t):
                 m.update(gathered(out))
             if self.pipeline is not None:

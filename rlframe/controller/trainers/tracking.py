@@ -1,4 +1,5 @@
-"""Where a run's metrics go: console, metrics.jsonl, TensorBoard, wandb/mlflow, and a PNG plot.
+"""Where a run's metrics go: console, metrics.jsonl, TensorBoard, wandb/mlflow, and a PNG plot; and
+where its generations go (generations/*.jsonl, and their first rows to TensorBoard, wandb, mlflow).
 
 One `Tracker.log(metrics, step)` call per training step writes to every configured sink. Metric
 names follow verl's (`critic/score/mean`, `timing_s/gen`, `perf/throughput`, ...), so existing
@@ -16,11 +17,15 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from rlframe.controller.trainers.nonfinite import NonFiniteGuard
+from rlframe.controller.trainers.step_files import RotatingJsonl, read_jsonl, trim_jsonl
 
 SINKS = ("console", "jsonl", "tensorboard", "wandb", "mlflow")
 PLOT_EVERY_S = 30.0  # curves.png is redrawn at most this often during a run, and at its end
 PLOTTED = (("critic/score/mean", "reward (mean score)"), ("val/accuracy", "held-out accuracy"),
            ("response_length/mean", "response length"), ("actor/reference_kl", "KL(policy || reference)"))
+GENERATION_KINDS = ("train", "val")  # generations/<kind>.jsonl (controller/trainers/generations.py)
+SINK_ROWS = 4  # a dump's first rows that also go to TensorBoard, wandb and mlflow
+SINK_CHARS = 400  # of a prompt or response shown there (the jsonl rows hold all of it)
 
 
 class RunFilesWriteFailed(RuntimeError):
@@ -50,7 +55,11 @@ class Tracker:
         # took 0.6 s of the start-up when step 0's validation was logged
         self._plotted_at = time.monotonic()
         self.jsonl = self.run_dir / "metrics.jsonl"
-        self.guard = NonFiniteGuard(max_in_a_row=(config.get("trainer") or {}).get("max_nonfinite_steps"))
+        trainer = config.get("trainer") or {}
+        self.guard = NonFiniteGuard(max_in_a_row=trainer.get("max_nonfinite_steps"))
+        max_bytes = int(float(trainer.get("rollout_dump_max_mb", 100.0)) * 2**20)
+        self.generations = {kind: RotatingJsonl(self.run_dir / "generations", kind, max_bytes=max_bytes)
+                            for kind in GENERATION_KINDS}
         self._tb = self._wandb = self._mlflow = None
         if "tensorboard" in sinks:
             from torch.utils.tensorboard import SummaryWriter
@@ -70,13 +79,13 @@ class Tracker:
             mlflow.log_params({k: str(v)[:250] for k, v in _flatten(config).items()})
 
     def resume_history(self, upto_step: int) -> None:
-        """Keep metrics.jsonl lines of steps <= upto_step (a resumed run rewrites what follows;
-        -1 starts the file afresh)."""
-        if not self.jsonl.exists():
-            return
-        rows = [json.loads(line) for line in self.jsonl.read_text().splitlines() if line.strip()]
-        self.history = [r for r in rows if r.get("step", 0) <= upto_step]
-        self.jsonl.write_text("".join(json.dumps(r) + "\n" for r in self.history))
+        """Keep the lines of steps <= upto_step in metrics.jsonl and generations/*.jsonl (a resumed
+        run rewrites what follows; -1 starts the files afresh)."""
+        with self._disk_errors(upto_step):
+            trim_jsonl(self.jsonl, upto_step)
+            for files in self.generations.values():
+                files.trim(upto_step)
+        self.history = read_jsonl(self.jsonl)
 
     def log(self, metrics: dict, step: int) -> None:
         """Write one step to every sink; NonFiniteTrainingError (after writing) when too many steps
@@ -93,6 +102,27 @@ class Tracker:
 
             mlflow.log_metrics({k.replace("@", "_at_"): v for k, v in row.items() if k != "step"}, step=step)
         self.guard.raise_if_exceeded()
+
+    def log_generations(self, kind: str, rows: list[dict], step: int) -> None:
+        """Append a dump's rows to generations/<kind>.jsonl; its first SINK_ROWS rows also go to
+        TensorBoard (text: a markdown table), wandb (a Table) and mlflow (an artifact) when on."""
+        if not rows:
+            return
+        with self._disk_errors(step):
+            self.generations[kind].append(rows)
+            if self._tb is not None:
+                self._tb.add_text(f"generations/{kind}", markdown_table(rows[:SINK_ROWS]), step)
+                self._tb.flush()
+        if self._wandb is not None:
+            import wandb
+
+            columns, data = generation_table(rows[:SINK_ROWS])
+            self._wandb.log({f"generations/{kind}": wandb.Table(columns=columns, data=data)}, step=step)
+        if self._mlflow is not None:
+            import mlflow
+
+            mlflow.log_text("".join(json.dumps(r, default=str) + "\n" for r in rows[:SINK_ROWS]),
+                            f"generations/{kind}/step_{step:06d}.jsonl")
 
     def _write_files(self, row: dict, step: int) -> None:
         if "jsonl" in self.sinks:
@@ -160,6 +190,31 @@ class Tracker:
             import mlflow
 
             mlflow.end_run()
+
+
+GENERATION_COLUMNS = ("step", "index", "uid", "reward", "advantage", "response_length", "finished", "policy_version",
+                      "prompt", "response")
+
+
+def generation_table(rows: list[dict]) -> tuple[list[str], list[list]]:
+    """The columns a dashboard shows of generation rows, and their values (texts cut to SINK_CHARS)."""
+    return list(GENERATION_COLUMNS), [[_cut(r.get(c)) for c in GENERATION_COLUMNS] for r in rows]
+
+
+def _cut(v):
+    return v[:SINK_CHARS] + "..." if isinstance(v, str) and len(v) > SINK_CHARS else v
+
+
+def markdown_table(rows: list[dict]) -> str:
+    """generation_table as markdown (TensorBoard's text plugin renders it)."""
+    columns, data = generation_table(rows)
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    return "\n".join(lines + ["| " + " | ".join(_markdown_cell(v) for v in row) + " |" for row in data])
+
+
+def _markdown_cell(v) -> str:
+    text = f"{v:.4g}" if isinstance(v, float) else str(v)
+    return text.replace("\\", "\\\\").replace("|", "\\|").replace("\n", "<br>")
 
 
 def _flatten(d: dict, prefix: str = "") -> dict:

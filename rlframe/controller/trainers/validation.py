@@ -22,6 +22,7 @@ def validate(trainer, dataset) -> dict[str, float]:
     greedy = phases.sampling_for(cfg, n=1, temperature=cfg.rollout.val_temperature, seed=cfg.trainer.seed)
     batch, gen_m = trainer.generate(prompts, greedy)
     batch, reward_m = trainer.score(batch)
+    trainer.generations.val(trainer.step, batch)  # generations/val.jsonl while dumps are on
     scores = batch.batch["token_level_scores"].sum(-1)
     # accuracy is the verifier's verdict, never the shaped training reward (an overlong penalty or a
     # reward model's score would count right answers as wrong)

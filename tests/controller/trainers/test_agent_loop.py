@@ -85,6 +85,16 @@ def _check_masks(batch, tokenizer, loop):
     return checked
 
 
+def _check_per_sample_record(batch, metrics):
+    """Each sample's turns and tool-call statuses (what the generation dumps show) add up to the
+    loop's metrics."""
+    turns, statuses = batch.batch["agent_turns"], batch.non_tensor_batch["agent_tool_statuses"]
+    assert float(turns.float().mean()) == pytest.approx(metrics["agent/turns_mean"])
+    assert sum(len(s) for s in statuses) / len(batch) == pytest.approx(metrics["agent/tool_calls_mean"])
+    for status in {s for row in statuses for s in row}:
+        assert sum(row.count(status) for row in statuses) == metrics[f"agent/calls_{status}"]
+
+
 @pytest.mark.slow
 @pytest.mark.vllm
 def test_agent_loop_vllm_equals_transformers_and_masks_tool_turns(setup):
@@ -98,6 +108,7 @@ def test_agent_loop_vllm_equals_transformers_and_masks_tool_turns(setup):
             assert torch.equal(out_hf.batch[key], out_v.batch[key]), key
         assert m_hf == m_v and m_v["agent/tool_call_rate"] > 0, m_v
         assert _check_masks(out_v, tokenizer, loop) > 0
+        _check_per_sample_record(out_v, m_v)
 
         sampled = phases.sampling_for(cfg, n=2, temperature=1.0, seed=3)
         first, _ = _run(loop, vllm, prompts, sampled)
@@ -145,3 +156,4 @@ def test_a_turn_ending_in_any_end_id_of_the_generation_config_ends(setup, tmp_pa
         loop.runner.close()
     assert torch.all(out.batch["response_mask"].sum(-1) == 1)  # stopped at the second end id
     assert m["agent/truncated_frac"] == 0.0 and m["agent/turns_mean"] == 1.0, m
+    _check_per_sample_record(out, m)

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from rlframe.controller.trainers.run_lock import LOCK_FILE
+from rlframe.controller.trainers.step_files import read_jsonl
 from tests.controller.trainers.test_end_to_end import COMMON
 
 REPO = Path(__file__).resolve().parents[3]
@@ -59,10 +60,16 @@ def uninterrupted(tmp_path_factory) -> tuple[Path, dict[int, dict]]:
     return out_dir, metrics(out_dir)
 
 
+# the interrupted run of the first test also dumps its generations and evaluates (steps 0, 2, 4)
+DUMPS = ("trainer.rollout_dump_every=1", "trainer.val_every=2")
+
+
 @pytest.mark.slow
 def test_sigkill_and_resume_matches_uninterrupted(uninterrupted, tmp_path):
+    """... and its generation dumps hold one row per sample of every step and evaluation, none twice
+    (the rows the killed run wrote after its checkpoint were dropped by the resume)."""
     _, reference = uninterrupted
-    proc = launch(tmp_path / "b")
+    proc = launch(tmp_path / "b", *DUMPS)
     ckpt = tmp_path / "b" / "run" / "checkpoints" / "step_000002"
     deadline = time.monotonic() + 900
     while not ckpt.exists():  # the step-2 checkpoint is complete once its final name exists
@@ -72,15 +79,29 @@ def test_sigkill_and_resume_matches_uninterrupted(uninterrupted, tmp_path):
     kill_session(proc.pid)
     proc.wait()
 
-    out = finish(launch(tmp_path / "b", "trainer.resume=auto"))
+    out = finish(launch(tmp_path / "b", "trainer.resume=auto", *DUMPS))
     assert "resumed from" in out and "at step 2" in out
     lock = tmp_path / "b" / "run" / LOCK_FILE  # the killed driver's lock is taken over, and released at the end
     assert f"taking over {lock} from host {socket.gethostname()!r} pid {proc.pid}" in out, out[-5000:]
     assert f"process {proc.pid} on this host is gone" in out and not lock.exists()
     resumed = metrics(tmp_path / "b")
-    assert sorted(resumed) == [1, 2, 3, 4]
+    assert sorted(resumed) == [0, 1, 2, 3, 4]  # 0: the evaluation before training
     for step in (3, 4):
-        assert resumed[step] == reference[step], (step, resumed[step], reference[step])
+        trained = {k: v for k, v in resumed[step].items() if not k.startswith("val/")}
+        assert trained == reference[step], (step, trained, reference[step])
+
+    generations = tmp_path / "b" / "run" / "generations"
+    train, val = read_jsonl(generations / "train.jsonl"), read_jsonl(generations / "val.jsonl")
+    keys = [(r["step"], r["index"]) for r in train]
+    assert sorted(keys) == [(s, i) for s in (1, 2, 3, 4) for i in range(16)], keys  # each sample once
+    assert all(r["policy_version"] == r["step"] - 1 for r in train)  # synchronous: the previous step's weights
+    for step in (3, 4):  # every sample dumped: their rewards average to the step's logged score
+        rewards = [r["reward"] for r in train if r["step"] == step]
+        assert sum(rewards) / len(rewards) == pytest.approx(resumed[step]["critic/score/mean"], abs=1e-6)
+    keys = [(r["step"], r["index"]) for r in val]
+    assert sorted(keys) == [(s, i) for s in (0, 2, 4) for i in range(16)], keys  # data.val_size=16, greedy
+    accuracy = [r["score_parts"]["acc"] for r in val if r["step"] == 4]
+    assert sum(accuracy) / len(accuracy) == pytest.approx(resumed[4]["val/accuracy"])
 
 
 @pytest.mark.slow
