@@ -22,6 +22,8 @@ INSTALL_REQUIRES = [
     "tensorboard",
     "matplotlib",
     "tqdm",
+    # the driver's /metrics endpoint (trainer.prometheus_port, rlframe/utils/metrics_endpoint.py)
+    "prometheus_client",
 ]
 
 IS_X86_LINUX = platform.system() == "Linux" and platform.machine() in ("x86_64", "AMD64")

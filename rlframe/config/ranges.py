@@ -122,6 +122,7 @@ RANGES: dict[str, Rule] = {
     "trainer.max_nonfinite_steps": POSITIVE_INT,
     "trainer.collective_timeout_s": at_least(10, " (seconds; a checkpoint write or model load on one rank must fit)"),
     "trainer.max_staleness": at_least(0, " (0: synchronous)"),
+    "trainer.prometheus_port": within(0, 65535, why=" (the driver's /metrics port; 0: no endpoint)"),
     "trainer.critic_warmup": at_least(0, " (steps that update only the critic; 0: off)"),
     "trainer.rollout_dump_every": at_least(0, " (steps between generation dumps; 0: off)"),
     "trainer.rollout_dump_rows": POSITIVE_INT,

@@ -241,6 +241,13 @@ class TrainerConfig:
     # Every this many steps, check that the rollout engine holds exactly the trainer's weights after
     # the sync (per-slice checksums, controller/trainers/weight_check.py). 0: never.
     check_weight_sync_every: int = 0
+    # A timeline of the run (docs/observability.md): every worker group call per rank, the driver's phases,
+    # weight pushes and generation rounds, written to <run dir>/trace.json (Chrome trace: ui.perfetto.dev).
+    trace: bool = False
+    # Serve the latest step's metrics for Prometheus at http://<prometheus_host>:<port>/metrics on the
+    # driver (docs/observability.md). 0: no endpoint. 127.0.0.1 answers this machine only; 0.0.0.0 all.
+    prometheus_port: int = 0
+    prometheus_host: str = "127.0.0.1"
     # PPO with a critic: the first this many steps update only the critic (the actor does not learn
     # from a value head that is still random; verl's critic_warmup). 0: off.
     critic_warmup: int = 0

@@ -469,6 +469,23 @@ def _check_logger_packages(cfg: RunConfig, out: list[str]) -> None:
                        f"or remove {sink} from trainer.loggers")
 
 
+def _check_metrics_endpoint(cfg: RunConfig, out: list[str], *, bind: bool) -> None:
+    """trainer.prometheus_port/host: a host to listen on, and (`bind`: outside a dry run) a port free
+    now, so that a taken port stops the run here rather than after the workers started."""
+    t = cfg.trainer
+    if t.prometheus_port == 0:
+        return
+    if not t.prometheus_host.strip():
+        out.append(f"trainer.prometheus_port={t.prometheus_port} serves /metrics on trainer.prometheus_host, which is "
+                   "empty; set trainer.prometheus_host=127.0.0.1 (this machine only) or 0.0.0.0 (all interfaces)")
+    elif bind:
+        from rlframe.utils.metrics_endpoint import port_problem
+
+        problem = port_problem(t.prometheus_host, t.prometheus_port)
+        if problem:
+            out.append(problem)
+
+
 def _agent_limit_problems(cfg: RunConfig) -> list[str]:
     """The ranges of the tool sandbox's caps (reported with ranges.py's, in its words): a cap must
     bound something, so neither may be null, zero or negative."""
@@ -504,6 +521,7 @@ def validate(cfg: RunConfig) -> RunConfig:
     _check_layouts(cfg, problems)
     _check_batches(cfg, problems)
     _check_cross_field(cfg, problems)
+    _check_metrics_endpoint(cfg, problems, bind=not cfg.trainer.dry_run)
     problems.extend(_builtin_tool_problems(cfg))
     if not cfg.trainer.dry_run:  # a dry run checks a cluster config on a machine without its files or GPUs
         _check_paths(cfg, problems)

@@ -20,10 +20,11 @@ Compiled calls run in submission order among themselves, so a call made while co
 still outstanding is compiled too, whatever its length, and calls issued together
 (`blocking=False`) behave as on the plain path.
 
-Payload of a rank: `(role, method, args, kwargs, collect)` pickled by the driver (ObjectRefs set
-aside and sent natively beside the bytes), the numbers of the calls whose stored answers the rank
-may let go (settled since its last payload) and the number of this call, or None where the rank is
-not called; the answer is `(output, seconds)` pickled by the rank, or an object-store reference to
+Payload of a rank: `(role, method, args, kwargs, collect)` (with `True` after it in a traced run)
+pickled by the driver (ObjectRefs set aside and sent natively beside the bytes), the numbers of the
+calls whose stored answers the rank may let go (settled since its last payload) and the number of
+this call, or None where the rank is not called; the answer is `(output, seconds)` (traced: with the
+rank's start, end and spans, WorkerHost.call) pickled by the rank, or an object-store reference to
 it above OUTPUT_INLINE_BYTES, which the rank holds under the call's number until the driver has
 settled that call (`answer`): fetched its answers, or seen it fail on some rank. Ray drops the other
 ranks' answers of a call that raised on one rank, so the driver cannot name those by their ids.

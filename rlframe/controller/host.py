@@ -66,16 +66,37 @@ class WorkerHost:
         self.roles[role] = build_role(cls, ctx, args, kwargs)
         return self.roles[role].rank_infos()
 
-    def call(self, role: str, method: str, args: tuple, kwargs: dict, collect: bool = True):
+    def call(self, role: str, method: str, args: tuple, kwargs: dict, collect: bool = True, stamp: bool = False):
         """(output, seconds inside the method). Arguments the driver put in the object store once for
         several ranks arrive as ObjectRefs and are fetched here; `collect=False` (a rank whose output
-        the dispatch mode does not gather, e.g. a tp peer) returns None instead of the output."""
+        the dispatch mode does not gather, e.g. a tp peer) returns None instead of the output.
+        `stamp` (the run is traced, rlframe/utils/trace.py): (output, seconds, start, end, spans)."""
         import time
 
+        if stamp:
+            return self._stamped_call(role, method, args, kwargs, collect)
         args, kwargs = _resolve_refs(args, kwargs)
         t0 = time.perf_counter()
         out = getattr(self.roles[role], method)(*args, **kwargs)
         return (out if collect else None), time.perf_counter() - t0
+
+    def _stamped_call(self, role: str, method: str, args: tuple, kwargs: dict, collect: bool):
+        """The call with this rank's wall-clock start and end, and the (name, start, end) of the phases
+        timed inside it (the fetch of its object-store arguments among them)."""
+        import time
+
+        from rlframe.utils import trace
+
+        with trace.collecting() as spans:
+            start = time.time()
+            resolved = _resolve_refs(args, kwargs)
+            if resolved[0] is not args or resolved[1] is not kwargs:
+                spans.append(("fetch_args", start, time.time()))
+            t0 = time.perf_counter()
+            out = getattr(self.roles[role], method)(*resolved[0], **resolved[1])
+            seconds = time.perf_counter() - t0
+            end = time.time()
+        return (out if collect else None), seconds, start, end, spans
 
     def call_packed(self, payload):
         """The compiled call path's entry (rlframe/controller/compiled.py): `payload` is None where
@@ -92,8 +113,8 @@ class WorkerHost:
             self._thread.ready = True
         data, refs, settled, call = payload
         compiled.release(self._held_answers, settled)  # calls whose answers the driver no longer needs
-        role, method, args, kwargs, collect = compiled.decode(data, refs)
-        return compiled.answer(self.call(role, method, args, kwargs, collect), self._held_answers, call)
+        role, method, args, kwargs, collect, *stamp = compiled.decode(data, refs)
+        return compiled.answer(self.call(role, method, args, kwargs, collect, *stamp), self._held_answers, call)
 
     def pid(self) -> int:
         return os.getpid()

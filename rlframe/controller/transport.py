@@ -25,6 +25,28 @@ def nbytes(value) -> int:
     return n
 
 
+def payload_bytes(value) -> int:
+    """About how many bytes `value` (a call's arguments or a rank's output) carries: DataProtos as
+    `nbytes`, tensors, arrays, bytes and strings by size, numbers 8, containers their items; other
+    objects (configs, object-store references) 0. For the run's trace (rlframe/utils/trace.py)."""
+    from rlframe.protocol import DataProto
+
+    if isinstance(value, DataProto):
+        return nbytes(value)
+    if isinstance(value, (bytes, bytearray, str)):
+        return len(value)
+    if isinstance(value, (int, float)):
+        return 8
+    if isinstance(value, (list, tuple)):
+        return sum(payload_bytes(v) for v in value)
+    if isinstance(value, dict):
+        return sum(payload_bytes(v) for v in value.values())
+    numel = getattr(value, "numel", None)  # torch tensors
+    if callable(numel):
+        return numel() * value.element_size()
+    return int(getattr(value, "nbytes", 0) or 0)  # numpy arrays
+
+
 def _dataprotos(per_rank: list) -> dict[int, list]:
     """id -> [DataProto, number of ranks it goes to]."""
     from rlframe.protocol import DataProto

@@ -25,6 +25,7 @@ from rlframe.controller.decorator import registered_methods
 from rlframe.controller.dispatch import RankInfo, get_dispatch_mode
 from rlframe.controller.host import COMM_ENV_PREFIXES, MULTI_HOST_ENV, WorkerHost
 from rlframe.controller.resource_pool import ResourcePool
+from rlframe.utils import trace
 
 
 class WorkerGroupError(RuntimeError):
@@ -55,6 +56,7 @@ class CallRecord:
     compute_s: float  # the slowest rank's time inside the method
     key: tuple[str, str] | None = None  # (role, method)
     durations: dict | None = field(default=None, repr=False)  # where the group keeps key -> compute_s
+    trace: "trace.PendingCall | None" = field(default=None, repr=False)  # trainer.trace: the ranks' timeline
 
     @property
     def wall_s(self) -> float:
@@ -169,19 +171,21 @@ class GroupFuture:
         return _gathered(outs, self._collect, self._record, submitted_at=self._submitted_at)
 
 
-def _gathered(outs: list[tuple[RankInfo, tuple[Any, float]]], collect, record: CallRecord | None, *,
-              submitted_at: float):
-    """The collected result of every rank's (output, seconds); completes and files `record`."""
+def _gathered(outs: list[tuple[RankInfo, tuple]], collect, record: CallRecord | None, *, submitted_at: float):
+    """The collected result of every rank's (output, seconds) (traced calls: (output, seconds, start,
+    end, spans), WorkerHost.call); completes and files `record`."""
     answered = time.perf_counter()
-    result = collect([(info, out) for info, (out, _) in outs])
+    result = collect([(info, answer[0]) for info, answer in outs])
     if record is not None:
         record.answer_s = answered - submitted_at
         record.collect_s = time.perf_counter() - answered
-        record.compute_s = max((t for _, (_, t) in outs), default=0.0)
+        record.compute_s = max((answer[1] for _, answer in outs), default=0.0)
         if record.durations is not None:
             record.durations[record.key] = record.compute_s
         for calls in _recorders:
             calls.append(record)
+        if record.trace is not None:
+            record.trace.finish([(info.rank, answer) for info, answer in outs], transport.payload_bytes)
     return result
 
 
@@ -426,23 +430,27 @@ class RayWorkerGroup:
             raise ValueError(f"{self.cls.__name__}.{method} is registered on mesh {reg.mesh!r}, but the "
                              f"worker declared only {sorted(self.rank_infos)}; call set_mesh(..., name={reg.mesh!r})")
         infos = self.rank_infos[reg.mesh]
-        t0 = time.perf_counter()
+        t0, tracer = time.perf_counter(), trace.current()
+        submitted = time.time() if tracer is not None else 0.0
         split = mode.split(args, kwargs, infos)
         is_blocking = reg.blocking if blocking is None else blocking
         limit = self.default_timeout if timeout is None else timeout
         graph = self.hosts.compiled_graph(blocking=is_blocking, key=(self.role, method))
         if graph is not None:
-            fut = self._call_compiled(graph, method, mode, infos, split, timeout=limit, t0=t0)
+            fut = self._call_compiled(graph, method, mode, infos, split, timeout=limit, t0=t0, tracer=tracer,
+                                      submitted=submitted)
             if not is_blocking:
                 self.hosts.compiled_outstanding.append(fut)
             return fut.get() if is_blocking else fut
         per_rank = transport.put_shared(split)
+        stamp = () if tracer is None else (True,)  # a traced call's ranks return their own start and end
         calls = [
-            (info, actor.call.remote(self.role, method, *call, info.collect or not mode.collect_ranks_only))
+            (info, actor.call.remote(self.role, method, *call, info.collect or not mode.collect_ranks_only, *stamp))
             for info, actor, call in zip(infos, self.hosts.actors, per_rank)
             if call is not None
         ]
         record = self._record(method, t0)
+        self._trace(record, tracer, infos, split, submitted=submitted, compiled=False)
         fut = GroupFuture(calls=calls, collect=mode.collect, what=self._what(method), timeout=limit, record=record,
                           zero_copy=mode.copies_outputs, hosts=None if is_blocking else self.hosts)
         return fut.get() if is_blocking else fut
@@ -453,13 +461,24 @@ class RayWorkerGroup:
         return CallRecord(self.name, method, time.perf_counter() - t0, 0.0, 0.0, 0.0, (self.role, method),
                           self.hosts.last_compute_s)
 
+    def _trace(self, record: CallRecord, tracer, infos: list[RankInfo], split: list, *, submitted: float,
+               compiled: bool) -> None:
+        """trainer.trace: the call joins the run's timeline once its ranks answer (`_gathered`)."""
+        if tracer is None:
+            return
+        record.trace = tracer.begin_call(
+            group=self.name, role=self.role, method=record.method, submitted=submitted, compiled=compiled,
+            bytes_in={info.rank: transport.payload_bytes(call) for info, call in zip(infos, split) if call is not None})
+
     def _call_compiled(self, graph: compiled.CompiledCalls, method: str, mode, infos: list[RankInfo], split: list,
-                       *, timeout: float | None, t0: float) -> "CompiledFuture":
+                       *, timeout: float | None, t0: float, tracer=None, submitted: float = 0.0) -> "CompiledFuture":
         """A call through the processes' compiled graph (compiled.py); same result and errors."""
+        stamp = () if tracer is None else (True,)
         payloads = [None if call is None else
-                    compiled.encode((self.role, method, *call, info.collect or not mode.collect_ranks_only))
+                    compiled.encode((self.role, method, *call, info.collect or not mode.collect_ranks_only, *stamp))
                     for info, call in zip(infos, transport.inline_or_put(split))]
         record = self._record(method, t0)
+        self._trace(record, tracer, infos, split, submitted=submitted, compiled=True)
         try:
             refs = graph.submit(payloads)
         except compiled.CompiledCallError as err:

@@ -78,6 +78,9 @@ CASES = [
     ("trainer.rollout_dump_rows=0", "trainer.rollout_dump_rows=0", "trainer.rollout_dump_rows=64"),
     ("trainer.rollout_dump_max_mb=0", "trainer.rollout_dump_max_mb=0", "trainer.rollout_dump_max_mb=100.0"),
     ("actor.min_lr_ratio=1.5", "actor.min_lr_ratio=1.5", "actor.min_lr_ratio=0.0"),
+    ("trainer.prometheus_port=70000", "trainer.prometheus_port=70000", "trainer.prometheus_port=0"),
+    ("trainer.prometheus_port=9464 trainer.prometheus_host=", "trainer.prometheus_host, which is empty",
+     "trainer.prometheus_host=127.0.0.1"),
     # ---- choices
     ("trainer.loggers=[jsonl,foo]", "trainer.loggers", "one of console, jsonl"),
     ("actor.strategy=deepspeed", "actor.strategy='deepspeed'", "one of fsdp, megatron"),
@@ -279,3 +282,20 @@ def test_a_config_error_never_reaches_run_training(tmp_path, monkeypatch):
     # the same main with a sound config does reach run_training (so the check above is not vacuous)
     assert main([f"trainer.output_dir={out_dir}", "trainer.loggers=[console]"]) == 0
     assert len(calls) == 1
+
+
+def test_a_taken_metrics_port_fails_before_anything_starts():
+    """trainer.prometheus_port: a port another process listens on is a config problem, found by the
+    validation (before Ray and the workers), naming the port and how to pick another."""
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(ConfigError) as err:
+            validate(load_config("ppo_tiny", [f"trainer.prometheus_port={port}"]))
+    [problem] = err.value.problems
+    assert problem.startswith(f"trainer.prometheus_port={port}: the /metrics endpoint cannot listen on 127.0.0.1")
+    assert "pick a free port" in problem
+    validate(load_config("ppo_tiny", [f"trainer.prometheus_port={port}", "trainer.dry_run=true"]))  # not bound then

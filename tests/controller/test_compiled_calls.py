@@ -77,6 +77,16 @@ def test_records_split_the_time(echo4):
     assert c.method == "double" and 0 <= c.compute_s <= c.answer_s and c.submit_s >= 0 and c.collect_s >= 0
 
 
+def test_traced_compiled_calls_report_every_rank(echo4, tmp_path):
+    from tests.controller.test_worker_group import check_traced_calls, traced_calls
+
+    data = DataProto.from_dict(tensors={"x": torch.arange(8)})
+    out, events = traced_calls(echo4, tmp_path, data)
+    assert out.batch["x"].tolist() == [2 * x for x in range(8)]
+    check_traced_calls(events, compiled=True)
+    assert echo4.timed_double(data).batch["x"].tolist() == out.batch["x"].tolist()  # untraced again: as before
+
+
 def test_kept_inputs_and_outputs_stay_intact(ray_cluster):
     """Outputs the driver keeps (numpy, tensors, DataProtos) and inputs a worker keeps survive many
     later calls, and those calls do not wait for them (a kept view of a channel would block it)."""

@@ -61,6 +61,57 @@ def test_one_batch_for_all_ranks_and_call_records(echo4):
         assert 0 <= c.compute_s <= c.answer_s and c.submit_s >= 0 and c.collect_s >= 0
 
 
+def traced_calls(group, tmp_path, data):
+    """`group.timed_double(data)` and `group.only_rank_zero(5)` in a traced step: (output, events)."""
+    import json
+
+    from rlframe.utils import trace
+
+    trace.open_trace(tmp_path)
+    try:
+        trace.at_step(1)
+        with trace.span("step"):
+            out = group.timed_double(data)
+            group.only_rank_zero(5, blocking=False).get()
+    finally:
+        trace.close_trace()
+    return out, json.load(open(tmp_path / "trace.json"))
+
+
+def check_traced_calls(events, *, compiled: bool) -> None:
+    """Each call once per called rank (dp=2 x tp=2: every rank gets its dp chunk of 4 rows, the tp=0
+    ranks' outputs are gathered), with the phase timed inside it nested under it, all in the step."""
+    xs = [e for e in events if e["ph"] == "X"]
+    [step] = [e for e in xs if e["name"] == "step"]
+
+    def inside(a, b):
+        return b["ts"] <= a["ts"] and a["ts"] + a["dur"] <= b["ts"] + b["dur"]
+
+    doubles = {e["tid"]: e for e in xs if e["name"] == "timed_double"}
+    assert sorted(doubles) == [0, 1, 2, 3] and len({e["args"]["call"] for e in doubles.values()}) == 1
+    assert {r: e["args"]["bytes_in"] for r, e in doubles.items()} == {r: 4 * 8 for r in range(4)}
+    assert {r: e["args"]["bytes_out"] for r, e in doubles.items()} == {0: 4 * 8, 1: 0, 2: 4 * 8, 3: 0}
+    for e in doubles.values():
+        assert e["args"]["compiled"] is compiled and e["args"]["step"] == 1 and inside(e, step)
+    work = [e for e in xs if e["name"] == "work"]
+    assert sorted(e["tid"] for e in work) == [0, 1, 2, 3]
+    assert all(inside(w, doubles[w["tid"]]) and w["dur"] >= 0.05e6 for w in work)
+    [zero] = [e for e in xs if e["name"] == "only_rank_zero"]
+    assert zero["tid"] == 0 and inside(zero, step)
+    groups = {e["pid"]: e["args"]["name"] for e in events if e["ph"] == "M" and e["name"] == "process_name"}
+    assert groups[zero["pid"]] == groups[doubles[0]["pid"]] != "driver"
+
+
+def test_traced_calls_report_every_rank(echo4, tmp_path):
+    data = DataProto.from_dict(tensors={"x": torch.arange(8)})
+    out, events = traced_calls(echo4, tmp_path, data)
+    assert out.batch["x"].tolist() == [2 * x for x in range(8)] == echo4.timed_double(data).batch["x"].tolist()
+    check_traced_calls(events, compiled=False)
+    # a tp peer's chunk is the same object: put once, fetched by the rank inside its call
+    fetches = [e for e in events if e["ph"] == "X" and e["name"] == "fetch_args"]
+    assert sorted(e["tid"] for e in fetches) == [0, 1, 2, 3]
+
+
 def test_all_reduce_across_four_processes(echo4):
     assert echo4.all_reduce_rank() == [10.0] * 4
     assert len(set(echo4.pid())) == 4

@@ -47,6 +47,18 @@ class EchoWorker(Worker):
         out.batch["rank"] = torch.full((len(data),), self.rank)
         return out
 
+    @register(dispatch=Dispatch.DP_COMPUTE)
+    def timed_double(self, data):
+        """`double` (not recorded) with its work in a timed phase: a span inside the call when traced.
+        It takes longer than compiled.SHORT_CALL_S, so by default it stays on the plain path."""
+        from rlframe.utils.timing import timed
+
+        with timed({}, "work"):
+            time.sleep(0.06)
+            out = data.select(batch_keys=["x"])
+            out.batch["x"] = out.batch["x"] * 2
+        return out
+
     @register(dispatch=Dispatch.DP_COMPUTE, mesh="flat")
     def tag_rank(self, data):
         out = data.select(batch_keys=["x"])

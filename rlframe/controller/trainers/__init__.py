@@ -62,24 +62,27 @@ def _run_locked(cfg: RunConfig, run_dir: Path) -> dict:
 
     from rlframe.controller import startup
     from rlframe.controller.ray_utils import start_ray_for_run
+    from rlframe.controller.trainers.observability import observed
     from rlframe.controller.trainers.prelaunch import discard_launched, import_in_background, launch_hosts
 
     startup.reset()
     startup.mark("python, imports, config")
-    importer = import_in_background(_trainer_and_restarts, cfg)  # while Ray starts (prelaunch.py)
-    # Workers import user modules (custom workers, algorithms) from where the job was started.
-    start_ray_for_run(cfg, runtime_env={"env_vars": {"PYTHONPATH": os.pathsep.join(
-        p for p in (os.getcwd(), os.environ.get("PYTHONPATH", "")) if p)}})
-    startup.mark("ray")
-    launch_hosts(cfg)  # the worker processes start while the trainer loads the tokenizer and data
-    trainer_cls, fit_with_restarts = importer.result()
-    startup.mark("trainer imports")
-    t0 = time.perf_counter()
-    try:
-        # A worker process that dies is reported, its groups restarted and the run resumed (restart.py).
-        summary = fit_with_restarts(cfg, trainer_cls=trainer_cls, run_dir=run_dir)
-    finally:
-        discard_launched()
+    # the trace and the /metrics endpoint (trainer.trace, trainer.prometheus_port) from here to the end
+    with observed(cfg, run_dir):
+        importer = import_in_background(_trainer_and_restarts, cfg)  # while Ray starts (prelaunch.py)
+        # Workers import user modules (custom workers, algorithms) from where the job was started.
+        start_ray_for_run(cfg, runtime_env={"env_vars": {"PYTHONPATH": os.pathsep.join(
+            p for p in (os.getcwd(), os.environ.get("PYTHONPATH", "")) if p)}})
+        startup.mark("ray")
+        launch_hosts(cfg)  # the worker processes start while the trainer loads the tokenizer and data
+        trainer_cls, fit_with_restarts = importer.result()
+        startup.mark("trainer imports")
+        t0 = time.perf_counter()
+        try:
+            # A worker process that dies is reported, its groups restarted and the run resumed (restart.py).
+            summary = fit_with_restarts(cfg, trainer_cls=trainer_cls, run_dir=run_dir)
+        finally:
+            discard_launched()
     summary["wall_time_s"] = round(time.perf_counter() - t0, 1)
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     print("summary: " + json.dumps(summary), flush=True)

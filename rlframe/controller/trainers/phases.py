@@ -5,6 +5,7 @@ validation. The trainers compose them; each is small and named for its phase."""
 from __future__ import annotations
 
 import itertools
+import time
 from dataclasses import asdict
 
 import numpy as np
@@ -16,6 +17,7 @@ from rlframe.config.schema import RunConfig
 from rlframe.controller.trainers.metrics import gathered
 from rlframe.protocol import DataProto
 from rlframe.rewards.manager import token_level_scores
+from rlframe.utils import trace
 from rlframe.utils.timing import timed
 from rlframe.workers.rollout import SamplingConfig, logprob_diff_metrics
 from rlframe.workers.rollout.seeds import SEED_KEY, row_seeds
@@ -35,9 +37,15 @@ class PendingGeneration:
 
     def __init__(self, prompts: DataProto, future, *, pad: int, n: int):
         self.prompts, self.future, self.pad, self.n = prompts, future, pad, n
+        tracer = trace.current()
+        self.launched = (time.time(), tracer.step) if tracer is not None else None
 
     def result(self) -> tuple[DataProto, dict]:
         out = self.future.get()
+        if self.launched is not None:  # trainer.trace: in flight from its launch (an earlier step's, async) to here
+            start, step = self.launched
+            trace.interval("generation", start, time.time(), lane="generation rounds", launched_at_step=step,
+                           samples=len(self.prompts) * self.n)
         metrics = gathered(out, reduce="max")  # the slowest replica sets the pace
         out.meta_info = {}
         out = out.unpad(self.pad * self.n)

@@ -45,6 +45,7 @@ from rlframe.data.dataloader import to_dataproto
 from rlframe.protocol import DataProto
 from rlframe.rewards.manager import RewardManager
 from rlframe.rewards.registry import RewardFnSpec
+from rlframe.utils import trace
 from rlframe.utils.timing import timed
 from rlframe.workers.rollout.stops import end_of_sequence_ids
 
@@ -118,6 +119,7 @@ class PPOTrainer:
         every save_every_minutes, at the end, and on a preemption signal)."""
         cfg = self.cfg.trainer
         for self.step in range(first, cfg.total_steps + 1):
+            trace.at_step(self.step)  # trainer.trace: the events from here on belong to this step
             metrics = self.train_step()
             if self.observer is not None:
                 self.observer.after_step(self, metrics)

@@ -14,6 +14,7 @@ from rlframe.controller import RayWorkerGroup, ResourcePool, RoleSpec
 from rlframe.controller.dispatch import METRICS_KEY
 from rlframe.controller.trainers.prelaunch import hybrid_pool, role_pool, take_hosts, worker_env
 from rlframe.protocol import DataProto
+from rlframe.utils import trace
 from rlframe.workers.actor import ActorWorker
 from rlframe.workers.critic import CriticWorker
 from rlframe.workers.generator import GeneratorWorker
@@ -54,9 +55,10 @@ class RunRoles:
         if not self.weights_pending():
             return {}
         t0 = time.perf_counter()
-        sending = self.actor.send_weights(blocking=False)
-        receiving = self.generator.receive_weights(blocking=False)
-        sent, received = sending.get(), receiving.get()
+        with trace.span("push_weights"):  # trainer.trace: the driver's side of the push
+            sending = self.actor.send_weights(blocking=False)
+            receiving = self.generator.receive_weights(blocking=False)
+            sent, received = sending.get(), receiving.get()
         self._generator_has_weights = True
         out = {k: max(r[k] for r in sent) for k in sent[0]}
         out.update({k: max(r[k] for r in received) for k in received[0]})

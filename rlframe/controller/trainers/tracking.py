@@ -18,6 +18,7 @@ from pathlib import Path
 
 from rlframe.controller.trainers.nonfinite import NonFiniteGuard
 from rlframe.controller.trainers.step_files import RotatingJsonl, read_jsonl, trim_jsonl
+from rlframe.utils import metrics_endpoint, trace
 
 SINKS = ("console", "jsonl", "tensorboard", "wandb", "mlflow")
 PLOT_EVERY_S = 30.0  # curves.png is redrawn at most this often during a run, and at its end
@@ -93,6 +94,7 @@ class Tracker:
         row = {"step": step, **_numeric(metrics)}
         row.update(self.guard.observe(step, metrics))
         self.history.append(row)
+        metrics_endpoint.publish(row)  # trainer.prometheus_port: the latest step at /metrics
         with self._disk_errors(step):
             self._write_files(row, step)
         if self._wandb is not None:
@@ -125,6 +127,7 @@ class Tracker:
                             f"generations/{kind}/step_{step:06d}.jsonl")
 
     def _write_files(self, row: dict, step: int) -> None:
+        trace.flush()  # trainer.trace: the step's events reach trace.json
         if "jsonl" in self.sinks:
             with self.jsonl.open("a") as f:
                 f.write(json.dumps(row) + "\n")

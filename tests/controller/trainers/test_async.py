@@ -1,14 +1,20 @@
 """Asynchronous training (trainer.max_staleness=1, split placement) on real Ray, vLLM and gloo:
 generation of batch t+1 runs while step t trains (wall-clock timestamps from both groups), no
 batch is staler than k, and a checkpoint taken with a batch in flight resumes without losing or
-repeating one."""
+repeating one. The first run is traced and serves /metrics (trainer.trace, trainer.prometheus_port):
+its timeline holds every call once per rank inside its step and shows the overlap, and a scrape
+during the run sees the latest step."""
 
 import json
+import socket
+import threading
+import urllib.request
 from pathlib import Path
 
 import pytest
 
 from rlframe.controller.trainers.checkpoint import STATE_FILE
+from rlframe.utils.metrics_endpoint import port_problem
 from tests.controller.trainers.test_end_to_end import run
 
 ASYNC = ["data.train_batch_size=16", "resources.placement=split", "actor.dp=1", "critic.dp=1",
@@ -24,9 +30,86 @@ def _position(run_dir, step):
     return json.loads((Path(run_dir) / "checkpoints" / f"step_{step:06d}" / STATE_FILE).read_text())["dataloader"]["position"]
 
 
+class Scraper(threading.Thread):
+    """Reads http://127.0.0.1:<port>/metrics every 0.5 s while the run goes on; keeps the last answer."""
+
+    def __init__(self, port: int):
+        super().__init__(daemon=True)
+        self.url, self.last, self.stopped = f"http://127.0.0.1:{port}/metrics", "", threading.Event()
+
+    def run(self):
+        while not self.stopped.wait(0.5):
+            try:
+                self.last = urllib.request.urlopen(self.url, timeout=2).read().decode()
+            except OSError:  # not serving yet, or no more
+                pass
+
+
+def check_timeline(run_dir: Path, *, steps: int) -> None:
+    """trace.json parses; each call is on every rank it was sent to once; every call's ranks ran after
+    the driver entered the step it was issued in and were done by the end of the next step (async:
+    batch t+1 is issued in step t and trained in step t+1); batch t+1's generation overlaps step t's
+    update on the other group's lanes; the spans timed inside a call nest in it."""
+    events = json.load(open(run_dir / "trace.json"))
+    xs = [e for e in events if e["ph"] == "X"]
+    groups = {e["pid"]: e["args"]["name"] for e in events if e["ph"] == "M" and e["name"] == "process_name"}
+    assert {"driver", "actor", "rollout"} <= set(groups.values())
+    [run_span] = [e for e in xs if e["name"] == "run"]
+    step_spans = {e["args"]["step"]: e for e in xs if e["name"] == "step"}
+    assert sorted(step_spans) == list(range(1, steps + 1))
+
+    def end(e):
+        return e["ts"] + e["dur"]
+
+    calls = [e for e in xs if e["cat"] == "call"]
+    per_call = {}
+    for e in calls:
+        per_call.setdefault(e["args"]["call"], []).append(e)
+        s = e["args"]["step"]
+        lo = step_spans[s]["ts"] if s in step_spans else run_span["ts"]
+        hi = end(step_spans[s + 1]) if s + 1 in step_spans else end(run_span)
+        assert lo <= e["ts"] and end(e) <= hi, (e, lo, hi)
+    for ranks in per_call.values():
+        assert len({e["tid"] for e in ranks}) == len(ranks) and len({e["pid"] for e in ranks}) == 1
+    by_name = {}
+    for e in calls:
+        by_name.setdefault(groups[e["pid"]] + "." + e["name"], []).append(e)
+    assert [e["args"]["step"] for e in by_name["actor.update_actor"]] == list(range(1, steps + 1))
+    gens = by_name["rollout.generate_sequences"]
+    assert len(gens) == steps and [e["args"]["step"] for e in gens] == [1] + list(range(1, steps))
+    # batch t+1 (issued in step t) generates while step t's batch is worked on by the other groups
+    others = [e for e in calls if groups[e["pid"]] != "rollout" and e["args"]["step"] >= 1]
+    assert any(g["ts"] < end(o) and o["ts"] < end(g) and g["args"]["step"] == o["args"]["step"]
+               for g in gens[1:] for o in others)
+    lanes = {(e["pid"], e["tid"]): e["args"]["name"] for e in events if e["ph"] == "M" and e["name"] == "thread_name"}
+    rounds = [e for e in xs if lanes[(e["pid"], e["tid"])].startswith("generation rounds")]
+    assert len(rounds) == steps and any(end(r) > end(step_spans[r["args"]["launched_at_step"]]) for r in rounds)
+    inner = [e for e in xs if e["cat"] == "worker" and e["name"] == "gen_local"]
+    assert len(inner) == steps
+    for e in inner:
+        [outer] = [c for c in per_call[e["args"]["call"]] if c["tid"] == e["tid"]]
+        assert outer["ts"] <= e["ts"] and end(e) <= end(outer)
+    assert any(e["name"] == "push_weights" for e in xs)
+
+
 @pytest.mark.slow
 def test_async_overlaps_generation_with_training_and_resumes(tmp_path, ray_cluster):
-    _, summary = run("ppo_tiny", ASYNC, tmp_path / "a")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    scraper = Scraper(port)
+    scraper.start()
+    try:
+        _, summary = run("ppo_tiny", ASYNC + ["trainer.trace=true", f"trainer.prometheus_port={port}"], tmp_path / "a")
+    finally:
+        scraper.stopped.set()
+        scraper.join()
+    check_timeline(Path(summary["run_dir"]), steps=4)
+    assert f'rlframe_step{{run="{Path(summary["run_dir"]).name}"}}' in scraper.last, scraper.last
+    assert "rlframe_critic_score_mean" in scraper.last
+    with pytest.raises(OSError):  # the endpoint stopped with the run: nothing listens there
+        urllib.request.urlopen(scraper.url, timeout=2)
+    assert port_problem("127.0.0.1", port) is None
     rows = _rows(summary)
     assert [rows[t]["async/staleness"] for t in (1, 2, 3, 4)] == [0.0, 1.0, 1.0, 1.0]
     for t in (2, 3, 4):
