@@ -177,7 +177,8 @@ def main() -> None:
     wanted = [int(g) for g in args.gpus.split(",")]
     if args.list:
         for c in cases(wanted, models):
-            print(f"{c['gpus']} GPU  {c['model']:5s} {c['layout']:22s} {' '.join(c['overrides'])}")
+            must = f"  [must be refused: {c['refusal']}]" if c["refusal"] else ""
+            print(f"{c['gpus']} GPU  {c['model']:5s} {c['layout']:22s} {' '.join(c['overrides'])}{must}")
         return
     import torch
 
