@@ -41,9 +41,9 @@ def payload_bytes(value) -> int:
         return sum(payload_bytes(v) for v in value)
     if isinstance(value, dict):
         return sum(payload_bytes(v) for v in value.values())
-    numel = getattr(value, "numel", None)  # torch tensors
-    if callable(numel):
-        return numel() * value.element_size()
+    numel, element_size = getattr(value, "numel", None), getattr(value, "element_size", None)  # torch tensors
+    if callable(numel) and callable(element_size):
+        return numel() * element_size()
     return int(getattr(value, "nbytes", 0) or 0)  # numpy arrays
 
 

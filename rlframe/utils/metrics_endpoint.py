@@ -46,7 +46,11 @@ def _family(host: str) -> int:
 
 
 def port_problem(host: str, port: int) -> str | None:
-    """Why the endpoint could not listen on host:port now (None: it can), said as a config problem."""
+    """Why the endpoint could not listen on host:port now (None: it can), said as a config problem.
+    None also when this driver serves it already (a layout validated again during the run: the
+    smaller layout after a lost node, controller/trainers/node_loss.py)."""
+    if _endpoint is not None and (_endpoint.host, _endpoint.port) == (host, port):
+        return None
     try:
         with socket.socket(_family(host), socket.SOCK_STREAM) as s:
             s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the server binds
@@ -95,8 +99,9 @@ class MetricsEndpoint:
 
     def publish(self, row: dict) -> None:
         numbers = {k: float(v) for k, v in row.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
-        with self._lock:
-            self._row, self._logged = numbers, time.time()
+        with self._lock:  # an evaluation's val/ metrics stay until the next one, steps without one between
+            kept = {k: v for k, v in self._row.items() if k.startswith("val/") and k not in numbers}
+            self._row, self._logged = {**kept, **numbers}, time.time()
 
     def collect(self):
         from prometheus_client.core import GaugeMetricFamily

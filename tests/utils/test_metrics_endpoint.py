@@ -38,8 +38,14 @@ def test_latest_step_as_gauges(endpoint):
     assert got['rlframe_step{run="exp1"}'] == 2.0
     assert got['rlframe_critic_score_mean{run="exp1"}'] == 0.75
     assert got['rlframe_timing_s_gen{run="exp1"}'] == 1.5
-    assert 'rlframe_val_pass_4{run="exp1"}' not in got  # the latest step's metrics only
+    assert 'rlframe_timing_s_gen{run="exp1"}' in got and 'rlframe_note{run="exp1"}' not in got
+    assert got['rlframe_val_pass_4{run="exp1"}'] == 0.5  # an evaluation's metrics stay until the next one
     assert got['rlframe_step_logged_unix{run="exp1"}'] > 1.7e9
+    metrics_endpoint.publish({"step": 3, "critic/score/mean": 0.5})
+    got = scrape(endpoint.url)
+    assert 'rlframe_timing_s_gen{run="exp1"}' not in got  # other metrics: the latest step's only
+    # the driver validates a layout again during the run (a lost node): its own port is no problem
+    assert metrics_endpoint.port_problem("127.0.0.1", endpoint.port) is None
 
 
 def test_gauge_names():
