@@ -34,7 +34,7 @@ from rlframe.config.validate import ConfigError
 RUN_FILE = "run.json"  # in the run directory, and in every checkpoint (with the config)
 # What a run leaves in its directory: another run must never overwrite or delete these.
 RUN_FILES = ("checkpoints", "metrics.jsonl", "config.yaml", "hf_actor", "summary.json", "tensorboard", "curves.png",
-             "generations")
+             "generations", "trace.json")
 # The keys that define a run: a checkpoint written under other values is another run's.
 DEFINING = ("model.path", "model.tiny_preset", "model.critic_path", "algorithm.name", "algorithm.trainer",
             "algorithm.adv_estimator", "algorithm.n_samples", "data.task", "data.train_files", "data.val_files",

@@ -27,22 +27,32 @@ def trim_jsonl(path: Path, upto_step: int) -> int:
     lines dropped. Streams: a file of hundreds of MB is never held in memory."""
     if not path.exists():
         return 0
+    with path.open() as src:  # read-only first: most files (rotated ones, older steps) keep every line
+        if not any(_dropped(line, upto_step) for line in src):
+            return 0
     tmp = path.with_name(f".{path.name}.trim")
     dropped = 0
-    with path.open() as src, tmp.open("w") as dst:
-        for line in src:
-            row = _parse(line)
-            if row is None and not line.strip():
-                continue
-            if row is None or row.get("step", 0) > upto_step:
-                dropped += 1
-                continue
-            dst.write(line if line.endswith("\n") else line + "\n")
-    if dropped:
+    try:
+        with path.open() as src, tmp.open("w") as dst:
+            for line in src:
+                if not line.strip():
+                    continue
+                if _dropped(line, upto_step):
+                    dropped += 1
+                    continue
+                dst.write(line if line.endswith("\n") else line + "\n")
         os.replace(tmp, path)
-    else:
-        tmp.unlink()
+    finally:
+        tmp.unlink(missing_ok=True)  # a full disk mid-copy leaves no half file behind
     return dropped
+
+
+def _dropped(line: str, upto_step: int) -> bool:
+    """A non-empty line that does not parse (cut by a kill) or holds a row of a step > upto_step."""
+    if not line.strip():
+        return False
+    row = _parse(line)
+    return row is None or row.get("step", 0) > upto_step
 
 
 def _parse(line: str) -> dict | None:
