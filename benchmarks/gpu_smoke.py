@@ -41,7 +41,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from report import machine_line, markdown_table  # noqa: E402
+from report import machine_line, markdown_table, write_section  # noqa: E402
 
 GPU_MD = ROOT / "docs" / "gpu.md"
 SECTION = "## First GPU run"
@@ -219,20 +219,7 @@ def main() -> None:
     print(body)
     if not args.no_write:
         command = f"python benchmarks/gpu_smoke.py --gpus {args.gpus} --models {args.models} --steps {args.steps}"
-        write_gpu_section(f"Reproduce: `{command}`\n\n{body}")
-
-
-def write_gpu_section(body: str) -> None:
-    """Replace (or append) the "## First GPU run" section of docs/gpu.md."""
-    text = GPU_MD.read_text()
-    block = f"{SECTION}\n\n{body.strip()}\n"
-    start = text.find(SECTION)
-    if start < 0:
-        text = text.rstrip() + "\n\n" + block
-    else:
-        nxt = text.find("\n## ", start + len(SECTION))
-        text = text[:start] + block + ("" if nxt < 0 else text[nxt:])
-    GPU_MD.write_text(text)
+        write_section(SECTION, f"Reproduce: `{command}`\n\n{body}", path=GPU_MD)
 
 
 if __name__ == "__main__":

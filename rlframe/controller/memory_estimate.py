@@ -248,11 +248,10 @@ class Estimate:
         world = self.cfg.resources.nodes * self.cfg.resources.procs_per_node
         layouts = [r.layout() for r in roles]
         keys = sorted({tuple(lay.coords_of(rank)[0] for lay in layouts) for rank in range(world)})
-        out = []
+        out, vllm = [], self.vllm_rows()  # the same on every device
         for key in keys:
             label = "stage " + "/".join(map(str, sorted(set(key)))) if len(keys) > 1 else "each device"
-            dev = Device(label, always=list(self.context),
-                         generation=self.vllm_rows())
+            dev = Device(label, always=list(self.context), generation=list(vllm))
             for role, stage in zip(roles, key):
                 self._add_role(dev, role, stage)
             out.append(dev)

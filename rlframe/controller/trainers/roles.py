@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from rlframe.config.schedule import optimizer_steps
 from rlframe.config.schema import RunConfig
-from rlframe.config.resources import role_world_sizes
+from rlframe.config.resources import has_reference_group, role_world_sizes
 from rlframe.controller import RayWorkerGroup, ResourcePool, RoleSpec
 from rlframe.controller.dispatch import METRICS_KEY
 from rlframe.controller.trainers.prelaunch import hybrid_pool, role_pool, take_hosts, worker_env
@@ -130,7 +130,7 @@ def role_specs(cfg: RunConfig, *, actor_path: str, critic_path: str) -> dict[str
             model_path=critic_path, critic=cfg.critic, loss_agg_mode=cfg.algorithm.loss_agg_mode or "token-mean",
             total_steps=optimizer_steps(cfg, cfg.critic), seed=cfg.trainer.seed))
     # with LoRA the actor is its own reference (adapters off): no second copy of the weights
-    if (cfg.uses_ref or cfg.algorithm.name == "online_dpo") and cfg.actor.lora_rank == 0:
+    if has_reference_group(cfg):
         specs["ref"] = RoleSpec(ReferenceWorker, kwargs=dict(model_path=actor_path, layout=cfg.actor,
                                                              seed=cfg.trainer.seed))
     return specs
