@@ -33,16 +33,17 @@ class MegatronInputs:
     position_ids: torch.Tensor  # (b, s)
     mask: torch.Tensor  # (b, 1, s, s) bool, True = may NOT attend
     labels: torch.Tensor  # (b, s): the next token of each position in the (B, T) batch
-    source: torch.Tensor  # (b, s): the column of the (B, T) batch each column came from
-    valid: torch.Tensor  # (b, s) bool: a token of the batch (not padding)
+    # the batch's tokens (not padding): row, column here and column of the (B, T) batch it came from
+    rows: torch.Tensor
+    cols: torch.Tensor
+    batch_cols: torch.Tensor
     width: int  # T of the (B, T) batch
     stats: dict[str, int]
 
     def to_batch(self, values: torch.Tensor) -> torch.Tensor:
         """(b, s) per-token values -> (b, T) in the batch's columns, zero on padding (differentiable)."""
-        rows, cols = torch.nonzero(self.valid, as_tuple=True)
         out = values.new_zeros(values.shape[0], self.width)
-        out[rows, self.source[rows, cols]] = values[rows, cols]
+        out[self.rows, self.batch_cols] = values[self.rows, self.cols]
         return out
 
 
@@ -69,6 +70,7 @@ def megatron_inputs(data: dict[str, torch.Tensor], *, pad_token_id: int, multipl
         return torch.where(valid, x.gather(1, source), torch.full_like(source, fill))
 
     stats = {"tokens_valid": int(lengths.sum()), "tokens_computed": b * s, "tokens_padded": b * t}
+    rows, kept = torch.nonzero(valid, as_tuple=True)  # once per micro-batch, for every output mapped back
     return MegatronInputs(input_ids=aligned(ids, pad_token_id), position_ids=aligned(data["position_ids"], 0),
                           mask=causal_padding_mask(valid), labels=aligned(next_token_labels(ids), pad_token_id),
-                          source=source, valid=valid, width=t, stats=stats)
+                          rows=rows, cols=kept, batch_cols=source[rows, kept], width=t, stats=stats)
