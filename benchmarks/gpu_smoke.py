@@ -26,7 +26,6 @@ Printed, and written to docs/gpu.md ("## First GPU run") unless --no-write.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import re
 import statistics
@@ -41,6 +40,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
+from rlframe.jobs import read_metrics  # noqa: E402
 from report import machine_line, markdown_table, write_section  # noqa: E402
 
 GPU_MD = ROOT / "docs" / "gpu.md"
@@ -150,7 +150,7 @@ def run_case(case: dict, *, model_path: str | None, root: Path, steps: int) -> d
     if refusal:
         return {"passed": f"no: ran though validation should refuse it ({refusal}): update this case",
                 "wall": wall, "peak_gib": mem.peak_mib / 1024}
-    rows = [json.loads(ln) for ln in (root / name / "metrics.jsonl").read_text().splitlines() if ln.strip()]
+    rows = read_metrics(root / name)
     times = [r["perf/time_per_step"] for r in rows if r.get("step", 0) >= 2 and "perf/time_per_step" in r]
     tokens = statistics.median(r["perf/total_num_tokens"] for r in rows if "perf/total_num_tokens" in r)
     return {"passed": "yes", "wall": wall, "peak_gib": mem.peak_mib / 1024,

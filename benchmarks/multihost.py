@@ -14,7 +14,6 @@ the one-host run's. Printed, and written to docs/benchmarks.md ("## Multi-host")
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -24,6 +23,7 @@ from pathlib import Path
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from rlframe.jobs import read_metrics  # noqa: E402
 from report import machine_line, machine_state, markdown_table, write_section  # noqa: E402
 
 SECTION = "## Multi-host"
@@ -58,7 +58,7 @@ CASES = {
 
 
 def metrics(run_dir: Path) -> dict[int, dict]:
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    rows = read_metrics(run_dir)
     return {r["step"]: r for r in rows}
 
 

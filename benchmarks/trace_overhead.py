@@ -16,7 +16,6 @@ size of the trace files written.
 from __future__ import annotations
 
 import argparse
-import json
 import shlex
 import statistics
 import subprocess
@@ -27,6 +26,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
+from rlframe.jobs import read_metrics  # noqa: E402
 from report import machine_line, machine_state, markdown_table, write_section  # noqa: E402
 
 SECTION = "## Trace overhead (trainer.trace)"
@@ -42,7 +42,7 @@ def run_once(*, trace: bool, steps: int, out: Path, index: int) -> dict:
     if proc.returncode != 0:
         raise RuntimeError(f"{name} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
     run_dir = out / name
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    rows = read_metrics(run_dir)
     times = [r["perf/time_per_step"] for r in rows if r.get("step", 0) >= 2 and "perf/time_per_step" in r]
     if not times:
         raise RuntimeError(f"{name}: no perf/time_per_step for steps >= 2 in {run_dir / 'metrics.jsonl'}")
