@@ -34,8 +34,11 @@ class TrainEngineConfig:
 
     head: "lm" (causal LM, for actor/reference) or "value" (critic: Linear(hidden, 1) on the
         last hidden state, built as AutoModelForTokenClassification with num_labels=1).
-    dp, tp, pp: data-, tensor- and pipeline-parallel sizes; dp * tp * pp must equal the ranks given
-        (pp > 1 and sequence_parallel only on the megatron backend).
+    dp, tp, pp: data-, tensor- and pipeline-parallel sizes; dp * sp * tp * pp must equal the ranks
+        given (pp > 1 and sequence_parallel only on the megatron backend).
+    sp (fsdp): Ulysses sequence parallelism: sp ranks split each micro-batch's positions (and
+        FSDP2 shards the weights over dp x sp); a token budget (max_tokens_per_micro_batch) is per
+        rank, so a micro-batch holds up to sp times as many tokens (fsdp/ulysses.py).
     mixed_precision: None = bf16 compute with fp32 master weights on GPU, fp32 on CPU.
     lr_schedule: "constant" or "cosine" (linear warmup over warmup_steps, cosine decay to
         min_lr_ratio * lr at total_steps).
@@ -70,6 +73,7 @@ class TrainEngineConfig:
     tp: int = 1
     pp: int = 1
     sequence_parallel: bool = False
+    sp: int = 1
     lr: float = 1e-5
     weight_decay: float = 0.0
     betas: tuple[float, float] = (0.9, 0.999)
@@ -98,8 +102,8 @@ class TrainEngineConfig:
     def __post_init__(self):
         if self.head not in HEADS:
             raise ValueError(f"engine head {self.head!r} is unknown; use one of {HEADS}")
-        if self.dp < 1 or self.tp < 1 or self.pp < 1:
-            raise ValueError(f"dp ({self.dp}), tp ({self.tp}) and pp ({self.pp}) must be >= 1")
+        if self.dp < 1 or self.tp < 1 or self.pp < 1 or self.sp < 1:
+            raise ValueError(f"dp ({self.dp}), sp ({self.sp}), tp ({self.tp}) and pp ({self.pp}) must be >= 1")
         if self.lr_schedule not in LR_SCHEDULES:
             raise ValueError(f"lr_schedule {self.lr_schedule!r} is unknown; use one of {LR_SCHEDULES}")
         if self.lr_schedule == "cosine" and self.total_steps <= self.warmup_steps:

@@ -20,6 +20,8 @@ class BatchedForward:
         """Micro-batches on the engine's device; explicit sizes override the config's."""
         if micro_batch_size is None and max_tokens is None:
             micro_batch_size, max_tokens = self.config.micro_batch_size, self.config.max_tokens_per_micro_batch
+        if max_tokens is not None:  # a rank's budget; the sp ranks of a replica share a micro-batch
+            max_tokens *= self.config.sp
         mbs = plan_micro_batches(batch_or_list, micro_batch_size=micro_batch_size, max_tokens=max_tokens,
                                  dp_group=self.dp_group)
         for mb in mbs:

@@ -1,4 +1,5 @@
-"""The torch-native training engine: FSDP2 over dp, DTensor tensor parallelism over tp.
+"""The torch-native training engine: FSDP2 over dp, DTensor tensor parallelism over tp, Ulysses
+sequence parallelism over sp (fsdp/ulysses.py).
 
 Dataflow of `train_step(loss_fn, micro_batches)`:
   plan micro-batches (same count on every dp rank) -> for each: pack valid tokens -> model forward
@@ -43,10 +44,10 @@ from rlframe.workers.engines.optim import (
 from rlframe.workers.engines.packing import pack_inputs, padded_inputs, response_slice
 from rlframe.workers.engines.fsdp.parallelize import (
     apply_activation_checkpointing, apply_fsdp, apply_tensor_parallel, build_mesh, check_mesh, check_model_fits,
-    decoder_layers, reshard_all,
+    decoder_layers, fsdp_mesh, reshard_all,
 )
 from rlframe.workers.engines.fsdp.sharded_load import load_shards
-from rlframe.workers.engines.fsdp import shm_comm
+from rlframe.workers.engines.fsdp import shm_comm, ulysses
 from rlframe.workers.engines.fsdp.shards import local_shards
 from rlframe.workers.engines.fsdp.vocab_parallel import token_log_probs
 
@@ -57,8 +58,9 @@ warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module .* returned a v
 
 
 class FSDPTrainEngine(BatchedForward, TrainEngine):
-    """See the module docstring. `device_mesh` (dims ("dp", "tp")) overrides the default mesh
-    over all ranks, e.g. to run several independent engines in one process group."""
+    """See the module docstring. `device_mesh` (dims ("dp", "tp"), or ("dp", "sp", "tp") with sp > 1)
+    overrides the default mesh over all ranks, e.g. to run several independent engines in one
+    process group."""
 
     def __init__(self, config: TrainEngineConfig, *, device_mesh=None):
         if not dist.is_initialized():
@@ -68,17 +70,20 @@ class FSDPTrainEngine(BatchedForward, TrainEngine):
                              f"sequence_parallel={config.sequence_parallel}); use the megatron engine")
         self.config = config
         hf_config = load_config(config.model_path)
-        check_model_fits(hf_config, tp=config.tp, model_type_path=f"{hf_config.model_type} at {config.model_path}")
+        check_model_fits(hf_config, tp=config.tp, sp=config.sp,
+                         model_type_path=f"{hf_config.model_type} at {config.model_path}")
         on_gpu = dist.get_backend() == "nccl"
         if on_gpu and "LOCAL_RANK" in os.environ:
             torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
         self.device = torch.device("cuda", torch.cuda.current_device()) if on_gpu else torch.device("cpu")
         self.mesh = device_mesh if device_mesh is not None else build_mesh(
-            dp=config.dp, tp=config.tp, device_type=self.device.type)
-        check_mesh(self.mesh, dp=config.dp, tp=config.tp)
-        self.dp_group = self.mesh.get_group("dp")
+            dp=config.dp, sp=config.sp, tp=config.tp, device_type=self.device.type)
+        check_mesh(self.mesh, dp=config.dp, sp=config.sp, tp=config.tp)
+        self.dp_group = self.mesh.get_group("dp")  # ranks with different data
         self.tp_group = self.mesh.get_group("tp")
-        self._flat_group = self.mesh._flatten("dp_tp").get_group()
+        self.sp_group = self.mesh.get_group("sp") if config.sp > 1 else None
+        self.fsdp_mesh = fsdp_mesh(self.mesh, sp=config.sp)  # ranks the weights are sharded over
+        self._flat_group = self.mesh._flatten("_".join(self.mesh.mesh_dim_names)).get_group()
         self.mixed_precision = resolve_mixed_precision(config.mixed_precision, on_gpu=on_gpu)
         self.compute_dtype = compute_dtype(self.mixed_precision)
         self.gather_once = not on_gpu if config.gather_once_per_step is None else config.gather_once_per_step
@@ -95,6 +100,8 @@ class FSDPTrainEngine(BatchedForward, TrainEngine):
         attn = resolve_attn_implementation(cfg.attn_implementation, on_gpu=self.device.type == "cuda")
         if self.device.type == "cpu":
             attn = cpu_attention(attn, compute_dtype=self.compute_dtype)
+        if cfg.sp > 1:
+            attn = ulysses.attention_implementation(attn)
         model = empty_model(cfg.model_path, head=cfg.head, attn_implementation=attn)
         decoder_layers(model)  # fails early on an unsupported architecture
         self.lora = cfg.lora
@@ -108,11 +115,11 @@ class FSDPTrainEngine(BatchedForward, TrainEngine):
             apply_tensor_parallel(model, self.mesh["tp"], head=cfg.head)
         if cfg.activation_checkpointing:
             apply_activation_checkpointing(model)
-        apply_fsdp(model, self.mesh["dp"], mixed_precision=self.mixed_precision,
+        apply_fsdp(model, self.fsdp_mesh, mixed_precision=self.mixed_precision,
                    reshard_after_forward=not self.gather_once)
         load_shards(model, model_path=cfg.model_path, device=self.device, seed=cfg.seed)
         self.shm_collectives = (self.device.type == "cpu" and cfg.shm_collectives is not False
-                                and shm_comm.install(model, self.dp_group))
+                                and shm_comm.install(model, self.fsdp_mesh.get_group()))
         self.pad_token_id = int(model.config.pad_token_id or 0)
         self.vocab_size = int(model.config.vocab_size)
         return model
@@ -126,19 +133,28 @@ class FSDPTrainEngine(BatchedForward, TrainEngine):
         return padded_inputs(*args)
 
     def _forward(self, data: dict[str, torch.Tensor], *, temperature: float, with_entropy: bool):
-        """Per-response-token outputs of one micro-batch: log_probs[/entropy] or values, (b, R)."""
+        """Per-response-token outputs of one micro-batch: log_probs[/entropy] or values, (b, R).
+        Under Ulysses the model runs on this rank's columns and the per-token results are gathered
+        into whole rows (ulysses.py)."""
         inputs = self._model_inputs(data)
-        out = run_model(self.model, inputs)
+        local, split = inputs, None
+        if self.sp_group is not None:
+            local, split = ulysses.split_inputs(inputs, group=self.sp_group, pad_token_id=self.pad_token_id)
+        out = run_model(self.model, local)
         resp_len = data["responses"].shape[1]
         stats = {"tokens_valid": inputs.tokens_valid, "tokens_computed": inputs.tokens_computed,
                  "tokens_padded": data["input_ids"].numel()}
+
+        def whole(per_token):  # (rows, C) -> (B, R)
+            per_token = per_token if split is None else ulysses.gather_columns(per_token, split)
+            return response_slice(inputs.unpack(per_token), resp_len)
+
         if self.config.head == "value":
-            values = out.logits.squeeze(-1).float()  # (rows, C)
-            return {"values": response_slice(inputs.unpack(values), resp_len)}, stats
+            return {"values": whole(out.logits.squeeze(-1).float())}, stats  # (rows, C)
         per_token = token_log_probs(  # out.logits: (rows, C, V / tp), this rank's vocab slice
-            out.logits, inputs.labels, temperature=temperature, tp_rank=self.mesh.get_local_rank("tp"),
+            out.logits, local.labels, temperature=temperature, tp_rank=self.mesh.get_local_rank("tp"),
             group=self.tp_group if self.config.tp > 1 else None, with_entropy=with_entropy)
-        return {k: response_slice(inputs.unpack(v), resp_len) for k, v in per_token.items()}, stats
+        return {k: whole(v) for k, v in per_token.items()}, stats
 
     @torch.no_grad()
     def _forward_batch(self, batch, *, temperature: float, with_entropy: bool, micro_batch_size=None,
@@ -175,8 +191,8 @@ class FSDPTrainEngine(BatchedForward, TrainEngine):
 
     def _optimizer_step(self) -> dict[str, float]:
         params = [p for p in self.model.parameters() if p.requires_grad]
-        norm = global_grad_norm(params, groups=(self.dp_group, self.tp_group),
-                                num_ranks=self.config.dp * self.config.tp, device=self.device)
+        norm = global_grad_norm(params, groups=(self.fsdp_mesh.get_group(), self.tp_group),
+                                num_ranks=self.config.dp * self.config.sp * self.config.tp, device=self.device)
         lr = self.lr
         if not torch.isfinite(norm):
             # Skip-and-report: a NaN/Inf gradient would poison the AdamW moments for good.
@@ -227,23 +243,26 @@ class FSDPTrainEngine(BatchedForward, TrainEngine):
         return {name: ParamMeta(tuple(shape), t.dtype) for name, (shape, _, t) in self.lora_local_shards().items()}
 
     def layout(self) -> dict[str, Any]:
+        cfg = self.config
         return {
-            "backend": "fsdp", "dim_names": ("dp", "tp"), "dp": self.config.dp, "tp": self.config.tp,
+            "backend": "fsdp", "dim_names": tuple(self.mesh.mesh_dim_names), "dp": cfg.dp, "tp": cfg.tp, "sp": cfg.sp,
             "dp_rank": self.mesh.get_local_rank("dp"), "tp_rank": self.mesh.get_local_rank("tp"),
+            "sp_rank": self.mesh.get_local_rank("sp") if cfg.sp > 1 else 0,
             "rank": dist.get_rank(), "mesh": self.mesh.mesh.tolist(),
         }
 
     def resharding_layout(self):
-        """This engine's layout as the resharding planner's `Layout` (tp fastest, FSDP dim-0 shards)."""
+        """This engine's layout as the resharding planner's `Layout` (tp fastest, FSDP dim-0 shards);
+        the sp ranks of a replica hold the weights as dp ranks do (FSDP shards over dp x sp)."""
         from rlframe.resharding.layout import Layout
 
-        return Layout(tp=self.config.tp, dp=self.config.dp, fsdp=True,
+        return Layout(tp=self.config.tp, dp=self.config.dp * self.config.sp, fsdp=True,
                       ranks=tuple(int(r) for r in self.mesh.mesh.flatten().tolist()))
 
     @property
     def is_first_rank(self) -> bool:
-        """Rank (0, 0) of the engine's mesh: the one that writes single-writer files."""
-        return tuple(self.mesh.get_coordinate()) == (0, 0)
+        """Rank (0, ..., 0) of the engine's mesh: the one that writes single-writer files."""
+        return not any(self.mesh.get_coordinate())
 
     def layout_meta(self) -> dict[str, Any]:
         return {"head": self.config.head, "dp": self.config.dp, "tp": self.config.tp,
@@ -251,10 +270,8 @@ class FSDPTrainEngine(BatchedForward, TrainEngine):
                 "lora": None if self.lora is None else self.lora.to_meta()}
 
     def _barrier(self) -> None:
-        # All-reduce over dp then tp reaches every rank of the mesh (and no other rank).
-        t = torch.zeros(1, device=self.device)
-        for g in (self.dp_group, self.tp_group):
-            dist.all_reduce(t, group=g)
+        # An all-reduce over the flattened mesh reaches every rank of it (and no other rank).
+        dist.all_reduce(torch.zeros(1, device=self.device), group=self._flat_group)
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         return ckpt.gather_full_state(self.model)

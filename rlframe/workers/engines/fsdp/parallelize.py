@@ -1,4 +1,4 @@
-"""Build the (dp, tp) device mesh, check a model fits it, and apply TP then FSDP2.
+"""Build the (dp, tp) or (dp, sp, tp) device mesh, check a model fits it, and apply TP then FSDP2.
 
 Order (as in torchtitan): tensor parallelism first (`parallelize_module` on the "tp" mesh), then
 activation checkpointing when asked for, then FSDP2 (`fully_shard` on the "dp" mesh) per decoder layer and on the root. Parameters end up as
@@ -14,9 +14,13 @@ Tensor-parallel plan (Megatron-LM, Shoeybi et al. 2019, section 3):
 - a projection with a LoRA adapter (engines/lora.py, injected before this) gets the matching
   LoRA style instead: column-parallel ones split lora_B on its output dim and replicate lora_A,
   row-parallel ones split lora_A on its input dim and replicate lora_B.
-No sequence parallelism: activations are replicated over tp, so sequence lengths need not divide
-anything. What must divide by tp (checked before any work): attention heads, key/value heads,
+No Megatron sequence parallelism: activations are replicated over tp, so sequence lengths need not
+divide anything. What must divide by tp (checked before any work): attention heads, key/value heads,
 intermediate size and vocabulary size.
+
+Ulysses sequence parallelism (sp > 1, ulysses.py) adds an "sp" dim between dp and tp: the sp ranks of
+a dp replica split each micro-batch's positions, and hold the weights as dp ranks do: FSDP2 shards
+them over the flattened (dp, sp) ranks. Each tp rank's attention heads must split over sp.
 """
 
 from __future__ import annotations
@@ -29,26 +33,41 @@ _ATTN = ("q_proj", "k_proj", "v_proj", "o_proj")
 _MLP = ("gate_proj", "up_proj", "down_proj")
 
 
-def build_mesh(*, dp: int, tp: int, device_type: str) -> DeviceMesh:
-    """A ("dp", "tp") mesh over all ranks of the default group; tp is the fastest-varying dim."""
+def mesh_dims(sp: int) -> tuple[str, ...]:
+    """The engine mesh's dims, outermost first: ("dp", "tp"), with "sp" between them when sp > 1."""
+    return ("dp", "sp", "tp") if sp > 1 else ("dp", "tp")
+
+
+def build_mesh(*, dp: int, tp: int, device_type: str, sp: int = 1) -> DeviceMesh:
+    """The engine's mesh over all ranks of the default group; tp is the fastest-varying dim."""
     world = dist.get_world_size()
-    if dp * tp != world:
+    sizes = {"dp": dp, "sp": sp, "tp": tp}
+    dims = mesh_dims(sp)
+    if dp * sp * tp != world:
+        arithmetic = " * ".join(f"{d}({sizes[d]})" for d in dims)
         raise ValueError(
-            f"layout dp({dp}) * tp({tp}) = {dp * tp} != WORLD_SIZE({world}); "
-            "choose dp and tp whose product is the number of ranks of the worker group"
+            f"layout {arithmetic} = {dp * sp * tp} != WORLD_SIZE({world}); "
+            f"choose {'/'.join(dims)} whose product is the number of ranks of the worker group"
         )
-    return init_device_mesh(device_type, (dp, tp), mesh_dim_names=("dp", "tp"))
+    return init_device_mesh(device_type, tuple(sizes[d] for d in dims), mesh_dim_names=dims)
 
 
-def check_mesh(mesh: DeviceMesh, *, dp: int, tp: int) -> None:
-    if tuple(mesh.mesh_dim_names or ()) != ("dp", "tp"):
-        raise ValueError(f"the engine needs a mesh with dims ('dp', 'tp'), got {mesh.mesh_dim_names}")
-    if (mesh.size(0), mesh.size(1)) != (dp, tp):
-        raise ValueError(f"mesh shape {tuple(mesh.shape)} does not match config dp={dp}, tp={tp}")
+def check_mesh(mesh: DeviceMesh, *, dp: int, tp: int, sp: int = 1) -> None:
+    dims, sizes = mesh_dims(sp), {"dp": dp, "sp": sp, "tp": tp}
+    if tuple(mesh.mesh_dim_names or ()) != dims:
+        raise ValueError(f"the engine needs a mesh with dims {dims}, got {mesh.mesh_dim_names}")
+    if tuple(mesh.shape) != tuple(sizes[d] for d in dims):
+        raise ValueError(f"mesh shape {tuple(mesh.shape)} does not match config dp={dp}, sp={sp}, tp={tp}")
 
 
-def check_model_fits(hf_config, *, tp: int, model_type_path: str) -> None:
-    """Fail early, with the arithmetic, when the model's dims do not split over tp."""
+def fsdp_mesh(mesh: DeviceMesh, *, sp: int) -> DeviceMesh:
+    """The ranks FSDP2 shards the weights over: dp, or the flattened (dp, sp) under Ulysses."""
+    return mesh["dp", "sp"]._flatten("dp_sp") if sp > 1 else mesh["dp"]
+
+
+def check_model_fits(hf_config, *, tp: int, model_type_path: str, sp: int = 1) -> None:
+    """Fail early, with the arithmetic, when the model's dims do not split over tp (and its heads
+    over tp x sp)."""
     heads = hf_config.num_attention_heads
     kv = getattr(hf_config, "num_key_value_heads", None) or heads
     if getattr(hf_config, "tie_word_embeddings", False) and tp > 1:
@@ -68,6 +87,12 @@ def check_model_fits(hf_config, *, tp: int, model_type_path: str) -> None:
         raise ValueError(
             f"{model_type_path} does not split over tp={tp}: {text}; choose a tp that divides "
             "the attention heads, key/value heads, intermediate size and vocabulary size"
+        )
+    if sp > 1 and heads % (tp * sp):
+        raise ValueError(
+            f"{model_type_path}: Ulysses sequence parallelism gives each of the tp({tp}) x sp({sp}) ranks "
+            f"of a replica whole attention heads, but num_attention_heads={heads} % {tp * sp} = {heads % (tp * sp)}; "
+            "choose sp (and tp) so that tp * sp divides the attention heads"
         )
 
 

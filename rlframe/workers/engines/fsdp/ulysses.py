@@ -1,0 +1,199 @@
+"""Ulysses sequence parallelism (DeepSpeed-Ulysses, Jacobs et al. 2023) for the fsdp engine.
+
+With `sp = k` the k ranks of an "sp" group hold the same micro-batch and each computes 1/k of its
+positions: the packed (or padded) rows are padded to a multiple of k columns and rank r keeps
+columns [r * L/k, (r + 1) * L/k). Everything but attention is position-wise, so it runs on the
+local columns as is: embeddings, norms, MLPs, the LM head (rotary embeddings too, since each rank
+passes its columns' global position ids). Attention needs every position, so around it:
+
+  q, k, v (rows, H, L/k, D)  --all-to-all-->  (rows, H/k, L, D)   every position, 1/k of the heads
+  attention over the whole rows (the packed sequences' block-diagonal causal mask, or the padded
+  rows' causal mask over their valid keys, built once per micro-batch from the global columns)
+  output (rows, L, H/k, D)   --all-to-all-->  (rows, L/k, H, D)   back to this rank's columns
+
+(with tensor parallelism H is the rank's tp share of the heads). Key/value heads that do not split
+over k (fewer than k per tp rank) are repeated to the query heads first. Per-token results
+(log-probs, entropy, values) are gathered over the sp group into whole rows, so the loss is the
+same computation on every sp rank as without sp; the gather's backward sums the k identical
+gradients and hands each rank its columns' share, and FSDP, which shards and averages gradients
+over dp x sp, divides that factor k away again: the step equals the one-process step.
+
+Every attention implementation the engine can pick works underneath: sdpa / eager / sdpa_fp32 get
+the explicit boolean mask; flash attention gets the sequences' boundaries (cu_seq_lens) of the whole
+rows instead, so no (L, L) mask is built on GPU.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from rlframe.workers.engines.packing import ModelInputs
+
+PREFIX = "ulysses_"
+
+
+@dataclass
+class SequenceSplit:
+    """One micro-batch split over the sp group: this rank's columns and what attention needs."""
+
+    group: dist.ProcessGroup
+    size: int
+    rank: int
+    length: int  # columns of the whole (padded to a multiple of size) rows
+    columns: int  # columns before that padding
+    seq_ids: torch.Tensor  # (rows, length): which sequence each column belongs to
+    key_valid: torch.Tensor  # (rows, length): columns other positions may attend to
+    cu_seq_lens: torch.Tensor | None  # flash attention: sequence starts over the flattened rows
+    max_seq_len: int
+    _mask: torch.Tensor | None = None
+
+    def local(self, t: torch.Tensor) -> torch.Tensor:
+        n = self.length // self.size
+        return t[:, self.rank * n:(self.rank + 1) * n]
+
+    def mask(self) -> torch.Tensor:
+        """(rows, 1, L, L) bool: causal, within one sequence, to valid keys; a query with no key
+        allowed (a left pad) attends to itself, so no softmax row is empty (its output is unused)."""
+        if self._mask is None:
+            n = self.length
+            causal = torch.ones(n, n, dtype=torch.bool, device=self.seq_ids.device).tril()
+            same = self.seq_ids[:, :, None] == self.seq_ids[:, None, :]
+            allowed = causal & same & self.key_valid[:, None, :].bool()
+            allowed |= torch.eye(n, dtype=torch.bool, device=allowed.device)
+            self._mask = allowed[:, None]
+        return self._mask
+
+
+_current: SequenceSplit | None = None
+
+
+def split_inputs(inputs: ModelInputs, *, group, pad_token_id: int) -> tuple[ModelInputs, SequenceSplit]:
+    """This rank's columns of `inputs` (as ModelInputs the model runs on) and the split that the
+    attention wrapper reads. The split stays current until the next call: activation checkpointing
+    recomputes attention in the backward, after the forward returned."""
+    global _current
+    size, rank = dist.get_world_size(group), dist.get_rank(group)
+    rows, cols = inputs.input_ids.shape
+    length = -(-cols // size) * size
+    pad = length - cols
+
+    def padded(t, fill):
+        return torch.nn.functional.pad(t, (0, pad), value=fill) if pad else t
+
+    position_ids = padded(inputs.position_ids, 0)
+    if inputs.attention_mask is None:  # packed: a sequence starts wherever positions do not go on by one
+        diff = torch.diff(position_ids, dim=1, prepend=position_ids[:, :1] - 1)
+        seq_ids = (diff != 1).cumsum(dim=1)
+        key_valid = torch.ones_like(position_ids, dtype=torch.bool)
+    else:
+        seq_ids = torch.zeros_like(position_ids)
+        key_valid = padded(inputs.attention_mask, 0).bool()
+    cu, longest = None, 0
+    if inputs.cu_seq_lens is not None:  # the sp padding columns are one more sequence per row
+        starts = (torch.diff(seq_ids, dim=1, prepend=seq_ids[:, :1] - 1) != 0).reshape(-1).nonzero().flatten()
+        bounds = torch.cat([starts, torch.tensor([rows * length], device=starts.device)])
+        cu, longest = bounds.to(torch.int32), int((bounds[1:] - bounds[:-1]).max())
+    split = SequenceSplit(group=group, size=size, rank=rank, length=length, columns=cols, seq_ids=seq_ids,
+                          key_valid=key_valid, cu_seq_lens=cu, max_seq_len=longest)
+    local = ModelInputs(
+        input_ids=split.local(padded(inputs.input_ids, pad_token_id)), position_ids=split.local(position_ids),
+        attention_mask=None, labels=split.local(padded(inputs.labels, pad_token_id)), src_index=None,
+        dst_index=None, batch_shape=(rows, length // size), tokens_valid=inputs.tokens_valid)
+    _current = split
+    return local, split
+
+
+def _heads_to_sequence(x: torch.Tensor, group, size: int) -> torch.Tensor:
+    """(rows, H, L/k, D) local columns, all heads -> (rows, H/k, L, D) all columns, this rank's heads."""
+    from torch.distributed.nn.functional import all_to_all_single
+
+    b, h, n, d = x.shape
+    send = x.reshape(b, size, h // size, n, d).transpose(0, 1).contiguous()  # (k, rows, H/k, L/k, D)
+    recv = all_to_all_single(torch.empty_like(send), send, group=group)  # [i]: rank i's columns
+    return recv.permute(1, 2, 0, 3, 4).reshape(b, h // size, size * n, d)
+
+
+def _sequence_to_heads(x: torch.Tensor, group, size: int) -> torch.Tensor:
+    """(rows, L, H/k, D) all columns, this rank's heads -> (rows, L/k, H, D) local columns, all heads."""
+    from torch.distributed.nn.functional import all_to_all_single
+
+    b, n, h, d = x.shape
+    send = x.reshape(b, size, n // size, h, d).transpose(0, 1).contiguous()  # (k, rows, L/k, H/k, D)
+    recv = all_to_all_single(torch.empty_like(send), send, group=group)  # [i]: heads of rank i
+    return recv.permute(1, 2, 0, 3, 4).reshape(b, n // size, size * h, d)
+
+
+class _KeyValueGroups:
+    """The attention module as the wrapped implementation sees it: key/value heads already repeated."""
+
+    def __init__(self, module, groups: int):
+        self._module, self.num_key_value_groups = module, groups
+
+    def __getattr__(self, name):
+        return getattr(self._module, name)
+
+
+def _attention(base: str):
+    from transformers import AttentionInterface
+    from transformers.integrations.sdpa_attention import repeat_kv
+
+    def forward(module, query, key, value, attention_mask, **kwargs):
+        split = _current
+        assert split is not None, "Ulysses attention ran outside the engine's split_inputs"
+        k, heads, kv_heads = split.size, query.shape[1], key.shape[1]
+        if heads % k:
+            raise ValueError(f"Ulysses: {heads} attention heads per tensor-parallel rank do not split over sp={k}")
+        groups = getattr(module, "num_key_value_groups", 1)
+        if kv_heads % k:  # repeat kv heads to the query heads, then split those
+            key, value, groups = repeat_kv(key, heads // kv_heads), repeat_kv(value, heads // kv_heads), 1
+        q, kk, v = (_heads_to_sequence(t, split.group, k) for t in (query, key, value))
+        impl = AttentionInterface()[base]
+        if "flash" in base:
+            kwargs.update(cu_seq_lens_q=split.cu_seq_lens, cu_seq_lens_k=split.cu_seq_lens,
+                          max_length_q=split.max_seq_len, max_length_k=split.max_seq_len)
+            kwargs.pop("position_ids", None)
+            mask = None
+        else:
+            mask = split.mask()
+        out, _ = impl(_KeyValueGroups(module, groups), q, kk, v, mask, **kwargs)
+        return _sequence_to_heads(out, split.group, k), None
+
+    return forward
+
+
+def attention_implementation(base: str) -> str:
+    """Register the Ulysses wrapper around transformers' attention `base` (and a mask function that
+    builds nothing: the wrapper builds the mask of the whole rows); return its name."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface
+
+    name = PREFIX + base
+    AttentionInterface.register(name, _attention(base))
+    AttentionMaskInterface.register(name, lambda *args, **kwargs: None)
+    return name
+
+
+class _GatherColumns(torch.autograd.Function):
+    """All-gather (rows, L/k) columns into (rows, L); backward: the sum of every rank's gradient
+    (each rank computed the same loss from the gathered rows), this rank's columns of it."""
+
+    @staticmethod
+    def forward(ctx, x, group, size, rank):
+        ctx.group, ctx.rank, ctx.n = group, rank, x.shape[1]
+        parts = [torch.empty_like(x) for _ in range(size)]
+        dist.all_gather(parts, x.contiguous(), group=group)
+        return torch.cat(parts, dim=1)
+
+    @staticmethod
+    def backward(ctx, grad):
+        grad = grad.contiguous()
+        dist.all_reduce(grad, group=ctx.group)
+        return grad[:, ctx.rank * ctx.n:(ctx.rank + 1) * ctx.n], None, None, None
+
+
+def gather_columns(x: torch.Tensor, split: SequenceSplit) -> torch.Tensor:
+    """This rank's per-token (rows, L/k) results as the whole rows (rows, columns), the sp padding cut."""
+    return _GatherColumns.apply(x, split.group, split.size, split.rank)[:, :split.columns]
