@@ -37,6 +37,7 @@ def check_paths(cfg: RunConfig, out: list[str]) -> None:
         if problem := _model_dir_problem(key, model_dir, fix, hf_config=cfg.model.hf_config is not None):
             out.append(problem)
     out.extend(_megatron_model_problems(cfg))
+    out.extend(_ulysses_model_problems(cfg))
     if cfg.reward.function_path is not None and not Path(cfg.reward.function_path).expanduser().is_file():
         out.append(f"reward.function_path={cfg.reward.function_path!r} does not exist; give the path of a "
                    ".py file that defines reward.function_name")
@@ -81,16 +82,44 @@ def _megatron_model_problems(cfg: RunConfig) -> list[str]:
     from rlframe.workers.engines.megatron.model import check_hf_config
 
     out = []
-    for name, role, model_dir in (("actor", cfg.actor, cfg.model.path),
-                                  ("critic", cfg.critic, (cfg.model.critic_path or cfg.model.path) if cfg.uses_critic else None)):
-        config_file = Path(model_dir).expanduser() / "config.json" if model_dir else None
-        if role.strategy != "megatron" or config_file is None or not config_file.is_file():
+    for name, role, model_dir, config_file in _role_model_configs(cfg):
+        if role.strategy != "megatron":
             continue
         try:
             raw = json.loads(config_file.read_text())
             check_hf_config(ModelDims.config_namespace(raw), tp=role.tp, pp=role.pp, where=str(model_dir))
         except (ValueError, KeyError, TypeError) as err:
             out.append(f"{name}.strategy=megatron: {err}")
+    return out
+
+
+def _role_model_configs(cfg: RunConfig):
+    """(role name, role config, its model directory's config.json) of the actor and, with one, the critic."""
+    for name, role, model_dir in (("actor", cfg.actor, cfg.model.path),
+                                  ("critic", cfg.critic, (cfg.model.critic_path or cfg.model.path) if cfg.uses_critic else None)):
+        config_file = Path(model_dir).expanduser() / "config.json" if model_dir else None
+        if config_file is not None and config_file.is_file():
+            yield name, role, str(model_dir), config_file
+
+
+def _ulysses_model_problems(cfg: RunConfig) -> list[str]:
+    """A role split by Ulysses (fsdp, sp > 1) whose attention heads do not split over its tp x sp ranks."""
+    if cfg.actor.sp == 1 and cfg.critic.sp == 1:
+        return []
+    import json
+
+    from rlframe.resharding.formats import ModelDims
+    from rlframe.workers.engines.fsdp.parallelize import check_model_fits
+
+    out = []
+    for name, role, model_dir, config_file in _role_model_configs(cfg):
+        if role.strategy != "fsdp" or role.sp == 1:
+            continue
+        try:
+            raw = ModelDims.config_namespace(json.loads(config_file.read_text()))
+            check_model_fits(raw, tp=role.tp, sp=role.sp, model_type_path=model_dir)
+        except (ValueError, KeyError, TypeError, AttributeError) as err:
+            out.append(f"{name}.sp={role.sp}: {err}")
     return out
 
 

@@ -95,6 +95,13 @@ class TrainRoleConfig:
     tp: int = 1
     pp: int = 1
     sequence_parallel: bool = False  # megatron, tp > 1
+    # Ulysses sequence parallelism (strategy=fsdp): sp ranks split each sequence's positions (all-to-all
+    # around attention), for sequences whose activations do not fit one rank. The role's processes are
+    # dp * sp * tp * pp; the reference policy follows the actor's layout (docs/long_context.md).
+    sp: int = 1
+    # Context parallelism (strategy=megatron, megatron-core's own): refused in validation, since
+    # megatron-core runs it only in TransformerEngine's attention (CUDA); use strategy=fsdp with sp.
+    cp: int = 1
     lr: float = 1e-4
     weight_decay: float = 0.0
     grad_clip: float = 1.0

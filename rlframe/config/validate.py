@@ -123,13 +123,15 @@ def _check_layouts(cfg: RunConfig, out: list[str]) -> None:
                        f"set {name}.sequence_parallel=false or {name}.strategy=megatron")
         if role.strategy == "fsdp" and role.pp != 1:
             out.append(f"{name}.pp={role.pp}: the fsdp strategy has no pipeline parallelism; use pp=1 or strategy=megatron")
-        if role.dp * role.tp * role.pp != n:
+        _check_sequence_split(name, role, res, out)
+        if role.dp * role.sp * role.tp * role.pp != n:
             where = (f"resources.nodes({res.nodes}) * resources.procs_per_node({res.procs_per_node})"
                      if res.placement == "colocated" or name not in (res.split_procs or {})
                      else f"resources.split_procs.{name}")
-            out.append(f"{name} layout dp({role.dp}) * tp({role.tp}) * pp({role.pp}) = "
-                       f"{role.dp * role.tp * role.pp} != its {n} processes ({where}); set {name}.dp/tp/pp "
-                       "so that the product equals the processes, or change the resources")
+            sp = f" * sp({role.sp})" if role.sp > 1 else ""
+            out.append(f"{name} layout dp({role.dp}){sp} * tp({role.tp}) * pp({role.pp}) = "
+                       f"{role.dp * role.sp * role.tp * role.pp} != its {n} processes ({where}); set "
+                       f"{name}.dp/{'sp/' if sp else ''}tp/pp so that the product equals the processes, or change the resources")
     megatron = {(r.tp, r.pp) for _, r in roles if r.strategy == "megatron"}
     if res.placement == "colocated" and len(megatron) > 1:
         out.append(f"colocated megatron roles use different (tp, pp) {sorted(megatron)}; megatron-core keeps one "
@@ -141,6 +143,25 @@ def _check_layouts(cfg: RunConfig, out: list[str]) -> None:
     elif sizes[gen] % gen_tp:
         out.append(f"rollout.tp={gen_tp} must divide the {gen} group's {sizes[gen]} processes "
                    "(generation replicas = processes / rollout.tp)")
+
+
+def _check_sequence_split(name: str, role, res, out: list[str]) -> None:
+    """Ulysses (fsdp `sp`) and context parallelism (megatron `cp`): where each can run."""
+    if role.sp < 1 or role.cp < 1:
+        out.append(f"{name}.sp={role.sp} and {name}.cp={role.cp} must be >= 1 (1: no sequence splitting)")
+        return
+    if role.cp > 1:
+        out.append(f"{name}.cp={role.cp}: megatron-core runs context parallelism only inside TransformerEngine's "
+                   "attention (its own DotProductAttention asserts context_parallel_size == 1), and TransformerEngine "
+                   f"needs CUDA, which this build does not use; split long sequences with {name}.strategy=fsdp and "
+                   f"{name}.sp={role.cp} (Ulysses), or set {name}.cp=1")
+    if role.sp > 1 and role.strategy != "fsdp":
+        out.append(f"{name}.sp={role.sp}: Ulysses sequence parallelism is built into strategy=fsdp; set "
+                   f"{name}.strategy=fsdp or {name}.sp=1")
+    if role.sp > 1 and role.sp * role.tp > res.procs_per_node:
+        out.append(f"{name}.sp({role.sp}) * tp({role.tp}) = {role.sp * role.tp} ranks exchange every layer's "
+                   f"activations (all-to-all, all-reduce) and must share a host, which has resources.procs_per_node="
+                   f"{res.procs_per_node}; lower {name}.sp or {name}.tp")
 
 
 def _check_batches(cfg: RunConfig, out: list[str]) -> None:

@@ -33,6 +33,12 @@ Activation checkpointing (`activation_checkpointing=true`, recompute per decoder
 keeps only its input (bH per token, / tp under megatron's sequence parallelism) and the layer being
 back-propagated is recomputed, so one layer's full activations are live at a time.
 
+Ulysses sequence parallelism (fsdp, sp > 1): each of the sp ranks keeps the tensors above for its
+1/sp of the micro-batch's tokens (the attention tensors after the all-to-all hold all positions of
+1/sp of the heads: the same bytes). Key/value heads that do not split over sp are repeated to the
+query heads first (kv counts as q then), and each layer's forward holds the all-to-all's send and
+receive buffers of q, k and v for a moment (2b(q + 2kv) / tp per local token, not kept).
+
 Pipeline parallel (megatron's 1F1B schedule): stage k of pp runs pp - k forwards before its first
 backward, so it holds up to pp - k micro-batches' activations (stage 0: pp of them).
 """
@@ -52,11 +58,27 @@ def norm_bytes(dims: ModelDims, *, engine: str, itemsize: int) -> int:
     return 2 * FP32 * H + FP32 + b * H
 
 
+def _kv_width(dims: ModelDims, *, tp: int, ulysses: int) -> int:
+    """Key (or value) width per token as the attention keeps it: repeated to the query heads when the
+    kv heads of a tp rank do not split over Ulysses' sp ranks."""
+    if ulysses > 1 and (dims.num_kv_heads // tp) % ulysses:
+        return dims.num_heads * dims.head_dim
+    return dims.num_kv_heads * dims.head_dim
+
+
+def ulysses_buffer_bytes(dims: ModelDims, *, itemsize: int, tp: int, ulysses: int) -> float:
+    """Per local token: the all-to-all send and receive buffers of q, k and v (fsdp, sp > 1)."""
+    if ulysses == 1:
+        return 0.0
+    q = dims.num_heads * dims.head_dim
+    return 2 * itemsize * (q + 2 * _kv_width(dims, tp=tp, ulysses=ulysses)) / tp
+
+
 def layer_bytes(dims: ModelDims, *, engine: str, itemsize: int, tp: int, sequence_parallel: bool,
-                seq_len: int) -> float:
+                seq_len: int, ulysses: int = 1) -> float:
     """Per token: what one decoder layer keeps for its backward, on one tp rank."""
     b, heads = itemsize, dims.num_heads
-    q, kv, inter = heads * dims.head_dim, dims.num_kv_heads * dims.head_dim, dims.intermediate_size
+    q, kv, inter = heads * dims.head_dim, _kv_width(dims, tp=tp, ulysses=ulysses), dims.intermediate_size
     norms = 2 * norm_bytes(dims, engine=engine, itemsize=b)
     if engine == "fsdp":
         return norms + (b * (2 * q + 2 * kv) + FP32 * heads) / tp + 4 * b * inter / tp
@@ -89,18 +111,21 @@ def mask_bytes(*, engine: str, seq_len: int) -> int:
 
 def micro_batch_bytes(dims: ModelDims, *, engine: str, itemsize: int, tp: int, sequence_parallel: bool,
                       tokens: int, seq_len: int, layers: int, last_stage: bool, head: str,
-                      checkpointing: bool, in_flight: int = 1) -> float:
+                      checkpointing: bool, in_flight: int = 1, ulysses: int = 1) -> float:
     """Peak activation bytes of a training step on one device: `in_flight` micro-batches of `tokens`
     tokens (sequences of at most `seq_len`) through `layers` decoder layers (this pipeline stage's),
-    plus the head's on the last stage (one micro-batch there: 1F1B runs its backward at once)."""
+    plus the head's on the last stage (one micro-batch there: 1F1B runs its backward at once).
+    ulysses: the fsdp engine's sp; this device computes tokens / sp of each micro-batch."""
     kw = dict(engine=engine, itemsize=itemsize, tp=tp, sequence_parallel=sequence_parallel)
-    layer = layer_bytes(dims, seq_len=seq_len, **kw)
+    tokens = -(-tokens // ulysses)
+    layer = layer_bytes(dims, seq_len=seq_len, ulysses=ulysses, **kw)
     per_mb = mask_bytes(engine=engine, seq_len=seq_len)
+    buffers = ulysses_buffer_bytes(dims, itemsize=itemsize, tp=tp, ulysses=ulysses)
     if checkpointing:  # every layer's input, and one layer recomputed at a time
         per_mb += layers * layer_input_bytes(dims, **kw)
-        live = layer
+        live = layer + buffers
     else:
         per_mb += layers * layer
-        live = 0.0
+        live = buffers
     saved, backward = head_bytes(dims, head=head, **kw) if last_stage else (0.0, 0.0)
     return tokens * (in_flight * per_mb + live + saved + backward)

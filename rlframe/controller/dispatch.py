@@ -10,7 +10,7 @@ adding an entry (`register_dispatch_mode`).
 | ONE_TO_ALL  | the same args to every rank                                  | list of all outputs, rank order  |
 | ALL_TO_ALL  | every arg is a list of world-size items; rank i gets item i  | list of all outputs, rank order  |
 | RANK_ZERO   | args to rank 0 only                                          | rank 0's output                  |
-| DP_COMPUTE  | DataProto args chunked over the mesh's dp dim; tp/pp/cp      | outputs of one rank per dp group |
+| DP_COMPUTE  | DataProto args chunked over the mesh's dp dim; tp/pp/cp/sp   | outputs of one rank per dp group |
 |             | peers of a dp rank get the same chunk; other args to all     | (tp=0, last pp stage), dp order; |
 |             |                                                              | DataProtos concatenated, their   |
 |             |                                                              | meta_info['metrics'] gathered    |

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from rlframe.config.schema import RunConfig
 from rlframe.config.resources import process_count, role_world_sizes
-from rlframe.controller.memory_estimate import GiB, Estimate, training_roles
+from rlframe.controller.memory_estimate import GiB, Estimate, train_layout, training_roles
 from rlframe.resharding.formats import ModelDims, hf_param_shapes
 from rlframe.resharding.layout import Layout, generation_layout
 from rlframe.resharding.planner import ParamMeta, plan_reshard
@@ -38,8 +38,7 @@ def model_dims(cfg: RunConfig) -> ModelDims:
 
 def layouts(cfg: RunConfig) -> tuple[Layout, Layout, str]:
     """Training layout of the actor, generation layout, and which scheme maps one to the other."""
-    a = cfg.actor
-    train = Layout(tp=a.tp, dp=a.dp, pp=a.pp, fsdp=a.strategy == "fsdp")
+    train = train_layout(cfg.actor)
     if cfg.resources.placement == "split":  # the generation group's own ranks, after the actor's
         gen = split_generation_layout(train, tp=cfg.rollout.tp, world=role_world_sizes(cfg)["rollout"])
         return train, gen, "split placement: actor group -> generation group over the weight channel"
@@ -117,11 +116,12 @@ def describe_run(cfg: RunConfig) -> str:
          f"{'GPU' if res.use_gpu else 'CPU'} process(es); group sizes {sizes}") if res.placement == "colocated" else
         (f"placement: split, {process_count(cfg)} {'GPU' if res.use_gpu else 'CPU'} process(es) in all on "
          f"{res.nodes} node(s), one group per role; group sizes {sizes}"),
-        f"actor training: {cfg.actor.strategy} {train.describe()}",
+        f"actor training: {cfg.actor.strategy} {train.describe()}" + (
+            f" (Ulysses: dp {cfg.actor.dp} x sp {cfg.actor.sp} ranks shard the weights)" if cfg.actor.sp > 1 else ""),
     ]
     if cfg.uses_critic:
         c = cfg.critic
-        lines.append(f"critic training: {c.strategy} pp={c.pp} tp={c.tp} dp={c.dp}")
+        lines.append(f"critic training: {c.strategy} pp={c.pp} tp={c.tp} dp={c.dp}" + (f" sp={c.sp}" if c.sp > 1 else ""))
     lines += [
         f"rollout: vLLM-style generation tp={gen.tp} x {gen.dp} replicas ({cfg.rollout.backend} backend)",
         f"resharding ({scheme}), {str(sync).removeprefix('torch.')} as the {cfg.actor.strategy} engine holds "

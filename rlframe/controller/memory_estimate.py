@@ -119,6 +119,12 @@ class Device:
         return max(self.training_gib, self.generation_gib)
 
 
+def train_layout(c: TrainRoleConfig) -> Layout:
+    """A role's training layout as the resharding planner sees it (Ulysses' sp ranks hold the weights
+    as dp ranks do: FSDP shards them over dp x sp)."""
+    return Layout(tp=c.tp, dp=c.dp * c.sp, pp=c.pp, fsdp=c.strategy == "fsdp")
+
+
 @dataclass(frozen=True)
 class Role:
     name: str
@@ -127,8 +133,7 @@ class Role:
     trained: bool
 
     def layout(self) -> Layout:
-        c = self.cfg
-        return Layout(tp=c.tp, dp=c.dp, pp=c.pp, fsdp=c.strategy == "fsdp")
+        return train_layout(self.cfg)
 
 
 def training_roles(cfg: RunConfig) -> list[Role]:
@@ -175,8 +180,9 @@ class Estimate:
         """(tokens per micro-batch, its longest sequence, micro-batches per rank and mini-batch)."""
         seq = self.cfg.data.prompt_length + self.cfg.data.response_length  # a trained row (vLLM's may be longer)
         per_rank = math.ceil(c.mini_batch_size / c.dp)
-        if c.max_tokens_per_micro_batch is not None:
-            return c.max_tokens_per_micro_batch, min(seq, c.max_tokens_per_micro_batch), per_rank
+        if c.max_tokens_per_micro_batch is not None:  # a rank's budget: sp ranks share a micro-batch
+            budget = c.max_tokens_per_micro_batch * c.sp
+            return budget, min(seq, budget), per_rank
         mbs = min(c.micro_batch_size or per_rank, per_rank)
         return mbs * seq, seq, math.ceil(per_rank / mbs)
 
@@ -188,10 +194,11 @@ class Estimate:
         gib = micro_batch_bytes(
             self.dims, engine=c.strategy, itemsize=self.b, tp=c.tp, sequence_parallel=c.sequence_parallel,
             tokens=tokens, seq_len=seq, layers=layers, last_stage=stage == c.pp - 1, head=role.head,
-            checkpointing=c.activation_checkpointing, in_flight=in_flight) / GiB
+            checkpointing=c.activation_checkpointing, in_flight=in_flight, ulysses=c.sp) / GiB
         what = "checkpointed" if c.activation_checkpointing else "no recompute"
         flight = ", 1F1B" if c.pp > 1 else ""
-        return f"{role.name} activations ({tokens} tokens/micro-batch, {what}{flight})", gib
+        split = f", 1/{c.sp} of them per Ulysses rank" if c.sp > 1 else ""
+        return f"{role.name} activations ({tokens} tokens/micro-batch{split}, {what}{flight})", gib
 
     def fsdp_gathered_gib(self, role: Role) -> tuple[str, float]:
         """FSDP2's unsharded parameters and unreduced gradients during a training step."""

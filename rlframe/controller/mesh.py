@@ -12,7 +12,8 @@ from dataclasses import dataclass
 from math import prod
 
 # Known dimension names, outermost first, in the canonical (Megatron) order.
-CANONICAL_ORDER = ("pp", "dp", "cp", "ep", "tp")
+# "sp" (Ulysses) sits where the fsdp engine's mesh has it: between dp and tp.
+CANONICAL_ORDER = ("pp", "dp", "cp", "sp", "ep", "tp")
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ def build_train_engine(role: TrainRoleConfig, *, model_path: str, head: str, tot
                        lr: float | None = None, frozen: bool = False):
     """The training engine `role.strategy` names, with the role's layout and optimiser."""
     cfg = TrainEngineConfig(
-        model_path=model_path, head=head, dp=role.dp, tp=role.tp, pp=role.pp,
+        model_path=model_path, head=head, dp=role.dp, tp=role.tp, pp=role.pp, sp=role.sp,
         sequence_parallel=role.sequence_parallel, lr=role.lr if lr is None else lr,
         weight_decay=role.weight_decay, grad_clip=role.grad_clip, lr_schedule=role.lr_schedule,
         warmup_steps=role.warmup_steps, total_steps=max(total_steps, role.warmup_steps + 1),
@@ -36,10 +36,12 @@ def build_train_engine(role: TrainRoleConfig, *, model_path: str, head: str, tot
 
 
 def train_mesh(role: TrainRoleConfig):
-    """The training layout as the role's dispatch mesh (pp only when pipelined)."""
+    """The training layout as the role's dispatch mesh (pp only when pipelined, sp only when split):
+    the sp ranks of a dp replica get the same batch chunk, like its tp ranks."""
     from rlframe.controller import Mesh
 
-    return Mesh.of(**({"pp": role.pp} if role.pp > 1 else {}), dp=role.dp, tp=role.tp)
+    return Mesh.of(**({"pp": role.pp} if role.pp > 1 else {}), **({"sp": role.sp} if role.sp > 1 else {}),
+                   dp=role.dp, tp=role.tp)
 
 
 def rollout_config(section: RolloutSection, *, max_model_len: int, seed: int, compute_dtype,

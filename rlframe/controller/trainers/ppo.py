@@ -393,4 +393,5 @@ class PPOTrainer:
 
 
 def _layout_text(role) -> str:
-    return f"{role.strategy} dp={role.dp} tp={role.tp}" + (f" pp={role.pp}" if role.pp > 1 else "")
+    return (f"{role.strategy} dp={role.dp} tp={role.tp}" + (f" pp={role.pp}" if role.pp > 1 else "")
+            + (f" sp={role.sp}" if role.sp > 1 else ""))

@@ -69,6 +69,9 @@ class MegatronTrainEngine(BatchedForward, TrainEngine):
         if config.lora_rank:
             raise ValueError(f"lora_rank={config.lora_rank}: LoRA is not supported by the megatron engine; use "
                              "strategy=fsdp (or lora_rank=0 to train the whole model)")
+        if config.sp != 1:
+            raise ValueError(f"sp={config.sp}: Ulysses sequence parallelism is built into the fsdp engine; megatron's "
+                             "context parallelism needs TransformerEngine's attention (CUDA); use strategy=fsdp")
         world = dist.get_world_size()
         if config.dp * config.tp * config.pp != world:
             raise ValueError(f"dp({config.dp}) * tp({config.tp}) * pp({config.pp}) != the {world} ranks of the "
