@@ -49,7 +49,7 @@ LR_SCHEDULES = ("constant", "cosine")
 PRECISIONS = ("auto", "fp32", "bf16")
 
 _TRAIN_ROLE = {
-    "dp": POSITIVE_INT, "tp": POSITIVE_INT, "pp": POSITIVE_INT,
+    "dp": POSITIVE_INT, "tp": POSITIVE_INT, "pp": POSITIVE_INT, "sp": POSITIVE_INT, "cp": POSITIVE_INT,
     "lr": above(0, " (the learning rate of AdamW)"),
     "weight_decay": at_least(0),
     "grad_clip": above(0, " (the maximum global gradient norm)"),

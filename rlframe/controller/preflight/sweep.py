@@ -16,7 +16,7 @@ FACTORS: dict[str, tuple] = {
     "algorithm": ("grpo", "ppo"),
     "temperature": (1.0, 0.7),
     "minibatches": ("1x1", "2x2"),  # ppo_epochs x mini-batches per step
-    "layout": ("dp2", "tp2"),  # the actor's training layout
+    "layout": ("dp2", "tp2", "sp2"),  # the trained roles' layout (sp2: Ulysses, dp1 sp2)
     "replicas": (2, 1),  # generation replicas (rollout tp = 2 / replicas)
     "placement": ("colocated", "split"),
     "strategy": ("fsdp", "megatron"),
@@ -38,7 +38,7 @@ BASE = ["model.tiny_preset=demo", "data.response_length=6", "data.val_size=16", 
 def valid(row: dict) -> bool:
     """What the config validation refuses, as predicates (a chosen row is validated for real too)."""
     return not ((row["async"] and row["placement"] != "split")
-                or (row["strategy"] == "megatron" and row["lora"] != "off")
+                or (row["strategy"] == "megatron" and (row["lora"] != "off" or row["layout"] == "sp2"))
                 or (row["agent"] == "on" and (row["partial"] == "on" or row["algorithm"] != "grpo"))
                 or (row["async"] and (row["partial"] == "on" or row["agent"] == "on")))
 
@@ -71,11 +71,11 @@ def config_for(row: dict) -> tuple[str, list[str]]:
     name = "grpo_tiny" if grpo else "ppo_tiny"
     o = list(BASE) + [f"data.train_batch_size={ROWS // 4 if grpo else ROWS}", f"rollout.temperature={row['temperature']}"]
     epochs, mini = (1, ROWS) if row["minibatches"] == "1x1" else (2, ROWS // 2)
-    dp, tp = (2, 1) if row["layout"] == "dp2" else (1, 2)
+    dp, sp, tp = {"dp2": (2, 1, 1), "tp2": (1, 1, 2), "sp2": (1, 2, 1)}[row["layout"]]
     roles = ["actor"] + ([] if grpo else ["critic"])
     for role in roles:
         o += [f"{role}.ppo_epochs={epochs}", f"{role}.mini_batch_size={mini}", f"{role}.dp={dp}", f"{role}.tp={tp}",
-              f"{role}.strategy={row['strategy']}"]
+              f"{role}.sp={sp}", f"{role}.strategy={row['strategy']}"]
     o.append(f"rollout.tp={2 // row['replicas']}")
     if row["placement"] == "split":
         o += ["resources.placement=split", "+resources.split_procs={actor: 2, rollout: 2" + ("" if grpo else
