@@ -48,16 +48,19 @@ class SequenceSplit:
     key_valid: torch.Tensor  # (rows, length): columns other positions may attend to
     cu_seq_lens: torch.Tensor | None  # flash attention: sequence starts over the flattened rows
     max_seq_len: int
+    causal_only: bool = False
     _mask: torch.Tensor | None = None
 
     def local(self, t: torch.Tensor) -> torch.Tensor:
         n = self.length // self.size
         return t[:, self.rank * n:(self.rank + 1) * n]
 
-    def mask(self) -> torch.Tensor:
+    def mask(self) -> torch.Tensor | None:
         """(rows, 1, L, L) bool: causal, within one sequence, to valid keys; a query with no key
-        allowed (a left pad) attends to itself, so no softmax row is empty (its output is unused)."""
-        if self._mask is None:
+        allowed (a left pad) attends to itself, so no softmax row is empty (its output is unused).
+        None (plain causal attention, no mask built) when each row's columns before the sp padding
+        are one sequence of valid tokens: causality alone then keeps them from the padding after them."""
+        if self._mask is None and not self.causal_only:
             n = self.length
             causal = torch.ones(n, n, dtype=torch.bool, device=self.seq_ids.device).tril()
             same = self.seq_ids[:, :, None] == self.seq_ids[:, None, :]
@@ -96,8 +99,9 @@ def split_inputs(inputs: ModelInputs, *, group, pad_token_id: int) -> tuple[Mode
         starts = (torch.diff(seq_ids, dim=1, prepend=seq_ids[:, :1] - 1) != 0).reshape(-1).nonzero().flatten()
         bounds = torch.cat([starts, torch.tensor([rows * length], device=starts.device)])
         cu, longest = bounds.to(torch.int32), int((bounds[1:] - bounds[:-1]).max())
+    causal_only = bool((seq_ids[:, :cols] == seq_ids[:, :1]).all() and key_valid[:, :cols].all())
     split = SequenceSplit(group=group, size=size, rank=rank, length=length, columns=cols, seq_ids=seq_ids,
-                          key_valid=key_valid, cu_seq_lens=cu, max_seq_len=longest)
+                          key_valid=key_valid, cu_seq_lens=cu, max_seq_len=longest, causal_only=causal_only)
     local = ModelInputs(
         input_ids=split.local(padded(inputs.input_ids, pad_token_id)), position_ids=split.local(position_ids),
         attention_mask=None, labels=split.local(padded(inputs.labels, pad_token_id)), src_index=None,
@@ -106,23 +110,27 @@ def split_inputs(inputs: ModelInputs, *, group, pad_token_id: int) -> tuple[Mode
     return local, split
 
 
+def _all_to_all(send: torch.Tensor, group) -> torch.Tensor:
+    """Block i of dim 0 goes to rank i; block i of the result came from rank i (differentiable:
+    the backward is the reverse all-to-all)."""
+    from torch.distributed._functional_collectives import all_to_all_single_autograd, wait_tensor
+
+    return wait_tensor(all_to_all_single_autograd(send, None, None, group))
+
+
 def _heads_to_sequence(x: torch.Tensor, group, size: int) -> torch.Tensor:
     """(rows, H, L/k, D) local columns, all heads -> (rows, H/k, L, D) all columns, this rank's heads."""
-    from torch.distributed.nn.functional import all_to_all_single
-
     b, h, n, d = x.shape
     send = x.reshape(b, size, h // size, n, d).transpose(0, 1).contiguous()  # (k, rows, H/k, L/k, D)
-    recv = all_to_all_single(torch.empty_like(send), send, group=group)  # [i]: rank i's columns
+    recv = _all_to_all(send, group)  # [i]: rank i's columns
     return recv.permute(1, 2, 0, 3, 4).reshape(b, h // size, size * n, d)
 
 
 def _sequence_to_heads(x: torch.Tensor, group, size: int) -> torch.Tensor:
     """(rows, L, H/k, D) all columns, this rank's heads -> (rows, L/k, H, D) local columns, all heads."""
-    from torch.distributed.nn.functional import all_to_all_single
-
     b, n, h, d = x.shape
     send = x.reshape(b, size, n // size, h, d).transpose(0, 1).contiguous()  # (k, rows, L/k, H/k, D)
-    recv = all_to_all_single(torch.empty_like(send), send, group=group)  # [i]: heads of rank i
+    recv = _all_to_all(send, group)  # [i]: heads of rank i
     return recv.permute(1, 2, 0, 3, 4).reshape(b, n // size, size * h, d)
 
 
