@@ -3,7 +3,7 @@
     python benchmarks/preflight_sweep.py [--rows N] [--steps 2]
 
 Every row of `rlframe.controller.preflight.sweep.pairwise_rows()` (each pair of settings of
-algorithm, temperature, epochs x mini-batches, dp/tp, generation replicas, colocated/split,
+algorithm, temperature, epochs x mini-batches, dp/tp/sp, generation replicas, colocated/split,
 fsdp/megatron, LoRA with dropout, partial rollouts, agent loop, async, precision appears in some
 row) runs preflight for `--steps` steps on real worker groups, one Ray for all. The table lists per
 row the checks run and failed, the worst rollout-vs-training log-prob gap (mean and max per token)

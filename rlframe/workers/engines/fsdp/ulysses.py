@@ -18,8 +18,8 @@ same computation on every sp rank as without sp; the gather's backward sums the 
 gradients and hands each rank its columns' share, and FSDP, which shards and averages gradients
 over dp x sp, divides that factor k away again: the step equals the one-process step.
 
-Every attention implementation the engine can pick works underneath: sdpa / eager / sdpa_fp32 get
-the explicit boolean mask; flash attention gets the sequences' boundaries (cu_seq_lens) of the whole
+Every attention implementation the engine can pick works underneath: sdpa / sdpa_fp32 get the
+explicit boolean mask, eager the same as an additive one; flash attention gets the sequences' boundaries (cu_seq_lens) of the whole
 rows instead, so no (L, L) mask is built on GPU.
 """
 
@@ -46,7 +46,7 @@ class SequenceSplit:
     columns: int  # columns before that padding
     seq_ids: torch.Tensor  # (rows, length): which sequence each column belongs to
     key_valid: torch.Tensor  # (rows, length): columns other positions may attend to
-    cu_seq_lens: torch.Tensor | None  # flash attention: sequence starts over the flattened rows
+    cu_seq_lens: torch.Tensor  # flash attention: segment starts over the flattened rows, then rows * L
     max_seq_len: int
     causal_only: bool = False
     _mask: torch.Tensor | None = None
@@ -88,17 +88,16 @@ def split_inputs(inputs: ModelInputs, *, group, pad_token_id: int) -> tuple[Mode
 
     position_ids = padded(inputs.position_ids, 0)
     if inputs.attention_mask is None:  # packed: a sequence starts wherever positions do not go on by one
-        diff = torch.diff(position_ids, dim=1, prepend=position_ids[:, :1] - 1)
-        seq_ids = (diff != 1).cumsum(dim=1)
+        starts = torch.diff(position_ids, dim=1, prepend=position_ids[:, :1] - 1) != 1
         key_valid = torch.ones_like(position_ids, dtype=torch.bool)
-    else:
-        seq_ids = torch.zeros_like(position_ids)
+    else:  # padded: the left padding, the valid run and the right padding are segments of their own
         key_valid = padded(inputs.attention_mask, 0).bool()
-    cu, longest = None, 0
-    if inputs.cu_seq_lens is not None:  # the sp padding columns are one more sequence per row
-        starts = (torch.diff(seq_ids, dim=1, prepend=seq_ids[:, :1] - 1) != 0).reshape(-1).nonzero().flatten()
-        bounds = torch.cat([starts, torch.tensor([rows * length], device=starts.device)])
-        cu, longest = bounds.to(torch.int32), int((bounds[1:] - bounds[:-1]).max())
+        starts = torch.diff(key_valid.int(), dim=1, prepend=(~key_valid[:, :1]).int()) != 0
+    starts[:, 0] = True  # every row starts a segment (flash attention's rows are flattened)
+    seq_ids = starts.cumsum(dim=1)
+    bounds = torch.cat([starts.reshape(-1).nonzero().flatten(),
+                        torch.tensor([rows * length], device=starts.device)])
+    cu, longest = bounds.to(torch.int32), int((bounds[1:] - bounds[:-1]).max())
     causal_only = bool((seq_ids[:, :cols] == seq_ids[:, :1]).all() and key_valid[:, :cols].all())
     split = SequenceSplit(group=group, size=size, rank=rank, length=length, columns=cols, seq_ids=seq_ids,
                           key_valid=key_valid, cu_seq_lens=cu, max_seq_len=longest, causal_only=causal_only)
@@ -144,8 +143,18 @@ class _KeyValueGroups:
         return getattr(self._module, name)
 
 
-def _attention(base: str):
+def _implementation(base: str, module):
+    """transformers' attention function `base`; "eager" is each model's own (in its modeling module)."""
+    import sys
+
     from transformers import AttentionInterface
+
+    if base == "eager":
+        return sys.modules[type(module).__module__].eager_attention_forward
+    return AttentionInterface()[base]
+
+
+def _attention(base: str):
     from transformers.integrations.sdpa_attention import repeat_kv
 
     def forward(module, query, key, value, attention_mask, **kwargs):
@@ -158,7 +167,7 @@ def _attention(base: str):
         if kv_heads % k:  # repeat kv heads to the query heads, then split those
             key, value, groups = repeat_kv(key, heads // kv_heads), repeat_kv(value, heads // kv_heads), 1
         q, kk, v = (_heads_to_sequence(t, split.group, k) for t in (query, key, value))
-        impl = AttentionInterface()[base]
+        impl = _implementation(base, module)
         if "flash" in base:
             kwargs.update(cu_seq_lens_q=split.cu_seq_lens, cu_seq_lens_k=split.cu_seq_lens,
                           max_length_q=split.max_seq_len, max_length_k=split.max_seq_len)
@@ -166,6 +175,8 @@ def _attention(base: str):
             mask = None
         else:
             mask = split.mask()
+            if mask is not None and base == "eager":  # eager adds its mask to the scores
+                mask = torch.zeros(mask.shape, dtype=q.dtype, device=q.device).masked_fill_(~mask, torch.finfo(q.dtype).min)
         out, _ = impl(_KeyValueGroups(module, groups), q, kk, v, mask, **kwargs)
         return _sequence_to_heads(out, split.group, k), None
 

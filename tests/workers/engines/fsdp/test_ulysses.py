@@ -119,3 +119,57 @@ def test_ulysses_matches_single_process(model_path):
     assert len([k for k in worst if k.endswith("/new_weights")]) == len(CASES) + 3, sorted(worst)
     bad = {k: v for k, v in worst.items() if not v <= TOL}
     assert not bad, f"differences above {TOL}: {bad}"
+
+
+# ---------------------------------------------------------------------------------------------
+# the attention wrapper under every implementation the engine may pick, flash attention included
+def _wrapped_attention(rank, world):
+    import transformers.modeling_flash_attention_utils as fa
+    from transformers import Qwen2ForCausalLM
+
+    from rlframe.data.tiny_model import PRESETS, make_config
+    from rlframe.data.tokenizer import build_char_tokenizer
+    from rlframe.workers.engines.fsdp import ulysses
+    from rlframe.workers.engines.fsdp.modeling import run_model
+    from rlframe.workers.engines.packing import pack_inputs, padded_inputs
+    from tests.workers.engines.fsdp import test_packed_attention as kernels
+
+    # transformers' flash path with pure-torch kernels (test_packed_attention.py explains how)
+    fa._lazy_imports = lambda *a, **k: (kernels.torch_flash_attn_func, kernels.torch_flash_attn_varlen_func, None,
+                                        fa._pad_input, fa._unpad_input)
+    kernels.torch_flash_attn_varlen_func.segments = []
+    torch.manual_seed(0)
+    model = Qwen2ForCausalLM(make_config(PRESETS["test"], build_char_tokenizer())).eval()
+    b = make_batch(batch_size=4, seed=1)
+    valid = b["attention_mask"].bool()
+    args = (b["input_ids"], b["attention_mask"], b["position_ids"])
+    with torch.no_grad():
+        reference = model(input_ids=b["input_ids"], attention_mask=b["attention_mask"],
+                          position_ids=b["position_ids"], use_cache=False).logits
+    group = torch.distributed.group.WORLD
+    errors = {}
+    for attn in ("sdpa", "eager", "flash_attention_2"):
+        model.config._attn_implementation = ulysses.attention_implementation(attn)
+        for name, inputs in (("packed", pack_inputs(*args)), ("padded", padded_inputs(*args))):
+            local, split = ulysses.split_inputs(inputs, group=group, pad_token_id=0)
+            with torch.no_grad():
+                logits = ulysses.gather_columns(run_model(model, local).logits, split)
+            got = logits
+            if inputs.src_index is not None:  # packed rows back to the (B, T) batch
+                bsz, t = inputs.batch_shape
+                got = logits.new_zeros(bsz * t, logits.shape[-1])
+                got[inputs.src_index] = logits.reshape(-1, logits.shape[-1])[inputs.dst_index]
+                got = got.view(bsz, t, -1)
+            errors[f"{attn}/{name}"] = float((got[valid] - reference[valid]).abs().max())
+    errors["flash_varlen_calls"] = len(kernels.torch_flash_attn_varlen_func.segments)
+    return errors
+
+
+def test_ulysses_attention_under_every_implementation():
+    """sdpa, eager and flash attention (transformers' dispatch over pure-torch kernels) behind the
+    all-to-all, on packed rows (several sequences each) and padded rows, give the one-process logits."""
+    for errors in run_distributed(_wrapped_attention, world_size=2, timeout_s=300):
+        calls = errors.pop("flash_varlen_calls")
+        assert calls == 2 * 2, calls  # the variable-length kernel, per layer, packed and padded
+        bad = {k: v for k, v in errors.items() if not v <= TOL}
+        assert not bad, bad
