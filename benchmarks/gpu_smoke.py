@@ -61,6 +61,7 @@ def layouts(gpus: int) -> list[tuple[str, list[str]]]:
     out = [("fsdp", [f"actor.dp={gpus}"])]
     if gpus >= 2:
         out.append(("fsdp-tp2", [f"actor.dp={gpus // 2}", "actor.tp=2", "rollout.tp=2"]))
+        out.append(("fsdp-sp2", [f"actor.dp={gpus // 2}", "actor.sp=2"]))  # Ulysses: flash varlen + NCCL all-to-all
     tp = min(gpus, 2)
     pp = 2 if gpus >= 4 else 1
     out.append((f"megatron-tp{tp}-pp{pp}", ["actor.strategy=megatron", f"actor.tp={tp}", f"actor.pp={pp}",

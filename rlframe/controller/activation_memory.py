@@ -35,8 +35,9 @@ back-propagated is recomputed, so one layer's full activations are live at a tim
 
 Ulysses sequence parallelism (fsdp, sp > 1): each of the sp ranks keeps the tensors above for its
 1/sp of the micro-batch's tokens (the attention tensors after the all-to-all hold all positions of
-1/sp of the heads: the same bytes). Key/value heads that do not split over sp are repeated to the
-query heads first (kv counts as q then), and each layer's forward holds the all-to-all's send and
+1/sp of the heads: the same bytes), plus attention's output a second time (the attention kernel keeps
+it before the all-to-all back, o_proj its input after: bq / tp). Key/value heads that do not split
+over sp are repeated to the query heads first (kv counts as q then), and each layer's forward holds the all-to-all's send and
 receive buffers of q, k and v for a moment (2b(q + 2kv) / tp per local token, not kept).
 
 Pipeline parallel (megatron's 1F1B schedule): stage k of pp runs pp - k forwards before its first
@@ -81,7 +82,8 @@ def layer_bytes(dims: ModelDims, *, engine: str, itemsize: int, tp: int, sequenc
     q, kv, inter = heads * dims.head_dim, _kv_width(dims, tp=tp, ulysses=ulysses), dims.intermediate_size
     norms = 2 * norm_bytes(dims, engine=engine, itemsize=b)
     if engine == "fsdp":
-        return norms + (b * (2 * q + 2 * kv) + FP32 * heads) / tp + 4 * b * inter / tp
+        out = 2 if ulysses > 1 else 1  # Ulysses: attention's output before and after the all-to-all back
+        return norms + (b * (q + out * q + 2 * kv) + FP32 * heads) / tp + 4 * b * inter / tp
     sp = tp if sequence_parallel and tp > 1 else 1
     softmax = heads * seq_len * (FP32 + (b if b < FP32 else 0))
     return norms / sp + 4 * b * dims.head_dim + (4 * b * q + softmax) / tp + 5 * b * inter / tp

@@ -23,7 +23,7 @@ def _smoke():
 def test_every_case_validates_or_is_refused_as_expected():
     smoke = _smoke()
     cases = smoke.cases([1, 2, 8], ["tiny"])
-    assert {c["layout"] for c in cases} >= {"fsdp", "fsdp-tp2", "megatron-tp2-pp2", "split (refused)"}
+    assert {c["layout"] for c in cases} >= {"fsdp", "fsdp-tp2", "fsdp-sp2", "megatron-tp2-pp2", "split (refused)"}
     assert [c["refusal"] for c in smoke.cases([2], ["0.5b"]) if c["layout"].startswith("megatron")] == [smoke.TIED_REFUSAL]
     for case in cases:
         cfg = load_config("grpo_tiny", smoke.JOB + ["model.tiny_preset=demo", "trainer.dry_run=true",
@@ -34,5 +34,5 @@ def test_every_case_validates_or_is_refused_as_expected():
                 validate(cfg)
         else:
             validate(cfg)
-            assert cfg.actor.dp * cfg.actor.tp * cfg.actor.pp == case["gpus"]
+            assert cfg.actor.dp * cfg.actor.sp * cfg.actor.tp * cfg.actor.pp == case["gpus"]
             assert cfg.data.train_batch_size * cfg.algorithm.n_samples > cfg.actor.mini_batch_size  # > 1 mini-batch

@@ -138,3 +138,36 @@ def test_fsdp_layer_formula_holds_for_cuda_kernels():
     (one, dims), (three, _) = (_hf_saved("qwen2", n, torch.bfloat16, False, device="cuda") for n in (1, 3))
     kw = dict(engine="fsdp", itemsize=2, tp=1, sequence_parallel=False)
     assert (three - one) / 2 == pytest.approx(TOKENS * layer_bytes(dims, seq_len=TOKENS, **kw), rel=0.02)
+
+
+def _ulysses_saved(rank, world, kv_heads):
+    """(saved bytes at 1 layer, at 3 layers) of this rank's half of one sequence under Ulysses."""
+    import torch.distributed as dist
+    from transformers import AutoModelForCausalLM, Qwen2Config
+
+    from rlframe.workers.engines.fsdp import ulysses
+    from rlframe.workers.engines.fsdp.modeling import run_model
+    from rlframe.workers.engines.packing import padded_inputs
+
+    out = []
+    for layers in (1, 3):
+        cfg = Qwen2Config(num_hidden_layers=layers, **{**SHAPE, "num_key_value_heads": kv_heads})
+        cfg._attn_implementation = ulysses.attention_implementation("sdpa")
+        torch.manual_seed(0)
+        model = AutoModelForCausalLM.from_config(cfg).train()
+        ids = torch.randint(0, SHAPE["vocab_size"], (1, TOKENS))
+        inputs = padded_inputs(ids, torch.ones_like(ids), torch.arange(TOKENS)[None])
+        local, _ = ulysses.split_inputs(inputs, group=dist.group.WORLD, pad_token_id=0)
+        out.append(saved_bytes(model, lambda: _log_probs(run_model(model, local).logits, local.input_ids)))
+    return out
+
+
+@pytest.mark.parametrize("kv_heads", [2, 1])  # 1: fewer kv heads than sp ranks, repeated to the query heads
+def test_ulysses_layer_formula_matches_saved_tensors(kv_heads):
+    from rlframe.utils.spawn import run_distributed
+
+    one, three = run_distributed(_ulysses_saved, world_size=2, args=(kv_heads,), timeout_s=120)[0]
+    dims = ModelDims.from_hf_config(ModelDims.config_namespace({**SHAPE, "num_hidden_layers": 1,
+                                                                 "num_key_value_heads": kv_heads}))
+    per_layer = layer_bytes(dims, engine="fsdp", itemsize=4, tp=1, sequence_parallel=False, seq_len=TOKENS, ulysses=2)
+    assert (three - one) / 2 == pytest.approx(TOKENS // 2 * per_layer, rel=0.01)

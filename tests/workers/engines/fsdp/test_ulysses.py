@@ -29,6 +29,7 @@ CASES = [
     (2, 2, 1, {"max_tokens_per_micro_batch": 10}),
     (1, 2, 2, {}),  # 1 kv head per tp rank: repeated
     (1, 2, 1, {"activation_checkpointing": True, "remove_padding": False}),
+    (2, 2, 1, {"gather_once_per_step": False, "micro_batch_size": 2}),  # FSDP's ZeRO-3 schedule (the GPU default)
 ]
 
 
