@@ -141,7 +141,11 @@ def test_fsdp_layer_formula_holds_for_cuda_kernels():
 
 
 def _ulysses_saved(rank, world, kv_heads):
-    """(saved bytes at 1 layer, at 3 layers) of this rank's half of one sequence under Ulysses."""
+    """{kv heads: (saved bytes at 1 layer, at 3 layers)} of this rank's half of one sequence under Ulysses."""
+    return {kv: _ulysses_saved_at(kv) for kv in kv_heads}
+
+
+def _ulysses_saved_at(kv_heads):
     import torch.distributed as dist
     from transformers import AutoModelForCausalLM, Qwen2Config
 
@@ -162,12 +166,14 @@ def _ulysses_saved(rank, world, kv_heads):
     return out
 
 
-@pytest.mark.parametrize("kv_heads", [2, 1])  # 1: fewer kv heads than sp ranks, repeated to the query heads
-def test_ulysses_layer_formula_matches_saved_tensors(kv_heads):
+def test_ulysses_layer_formula_matches_saved_tensors():
+    """sp=2 ranks; kv heads 2 (split over sp) and 1 (fewer than sp: repeated to the query heads)."""
     from rlframe.utils.spawn import run_distributed
 
-    one, three = run_distributed(_ulysses_saved, world_size=2, args=(kv_heads,), timeout_s=120)[0]
-    dims = ModelDims.from_hf_config(ModelDims.config_namespace({**SHAPE, "num_hidden_layers": 1,
-                                                                 "num_key_value_heads": kv_heads}))
-    per_layer = layer_bytes(dims, engine="fsdp", itemsize=4, tp=1, sequence_parallel=False, seq_len=TOKENS, ulysses=2)
-    assert (three - one) / 2 == pytest.approx(TOKENS // 2 * per_layer, rel=0.01)
+    saved = run_distributed(_ulysses_saved, world_size=2, args=((2, 1),), timeout_s=120)[0]
+    for kv_heads, (one, three) in saved.items():
+        dims = ModelDims.from_hf_config(ModelDims.config_namespace({**SHAPE, "num_hidden_layers": 1,
+                                                                     "num_key_value_heads": kv_heads}))
+        per_layer = layer_bytes(dims, engine="fsdp", itemsize=4, tp=1, sequence_parallel=False, seq_len=TOKENS,
+                                ulysses=2)
+        assert (three - one) / 2 == pytest.approx(TOKENS // 2 * per_layer, rel=0.01), kv_heads

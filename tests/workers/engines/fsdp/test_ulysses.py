@@ -5,7 +5,8 @@ sp alone on 2 and 4 ranks, sp with dp, sp with tp; packed and padded micro-batch
 at a non-default temperature, entropy) and a critic (values); a token budget that splits the batch
 into several micro-batches. Each compares its forward outputs, one training step's loss, gradient
 norm and new weights with plain transformers + AdamW on the whole batch, and its shards with the
-boxes the resharding layout predicts (sp ranks hold the weights as dp ranks do).
+boxes the resharding layout predicts (sp ranks hold the weights as dp ranks do). The same spawn
+runs the attention wrapper alone under sdpa, eager and flash attention (below).
 """
 
 from __future__ import annotations
@@ -100,6 +101,7 @@ def _all_cases(rank, world, path):
     # one sequence (rows of one sequence each: plain causal attention, no mask), columns not divisible by sp
     one = make_batch(batch_size=1, prompt_len=7, response_len=6)
     _check(path, "lm", (1, 2, 1, {}), world, one, _reference(path, "lm", one), errors, tag="one_sequence")
+    errors.update(_wrapped_attention())
     from rlframe.workers.engines import TrainEngineConfig, get_train_engine
 
     try:  # heads that do not split over tp x sp fail before any model work
@@ -115,6 +117,8 @@ def test_ulysses_matches_single_process(model_path):
     results = run_distributed(_all_cases, world_size=4, args=(model_path,), timeout_s=400)
     worst: dict[str, float] = {}
     for errs in results:
+        # the variable-length kernel ran, once per layer, on packed and on padded rows
+        assert errs.pop("attention/flash_varlen_calls") == 2 * 2
         for k, v in errs.items():
             worst[k] = max(worst.get(k, 0.0), v)
     assert len([k for k in worst if k.endswith("/new_weights")]) == len(CASES) + 3, sorted(worst)
@@ -123,8 +127,11 @@ def test_ulysses_matches_single_process(model_path):
 
 
 # ---------------------------------------------------------------------------------------------
-# the attention wrapper under every implementation the engine may pick, flash attention included
-def _wrapped_attention(rank, world):
+# the attention wrapper under every implementation the engine may pick, flash attention included:
+# sdpa, eager and flash attention (transformers' dispatch over pure-torch kernels) behind the
+# all-to-all over the 4 ranks (2 kv heads repeated), on packed rows (several sequences each) and
+# padded rows, give the one-process logits
+def _wrapped_attention():
     import transformers.modeling_flash_attention_utils as fa
     from transformers import Qwen2ForCausalLM
 
@@ -161,16 +168,7 @@ def _wrapped_attention(rank, world):
                 got = logits.new_zeros(bsz * t, logits.shape[-1])
                 got[inputs.src_index] = logits.reshape(-1, logits.shape[-1])[inputs.dst_index]
                 got = got.view(bsz, t, -1)
-            errors[f"{attn}/{name}"] = float((got[valid] - reference[valid]).abs().max())
-    errors["flash_varlen_calls"] = len(kernels.torch_flash_attn_varlen_func.segments)
+            errors[f"attention/{attn}/{name}"] = float((got[valid] - reference[valid]).abs().max())
+    errors["attention/flash_varlen_calls"] = len(kernels.torch_flash_attn_varlen_func.segments)
     return errors
 
-
-def test_ulysses_attention_under_every_implementation():
-    """sdpa, eager and flash attention (transformers' dispatch over pure-torch kernels) behind the
-    all-to-all, on packed rows (several sequences each) and padded rows, give the one-process logits."""
-    for errors in run_distributed(_wrapped_attention, world_size=2, timeout_s=300):
-        calls = errors.pop("flash_varlen_calls")
-        assert calls == 2 * 2, calls  # the variable-length kernel, per layer, packed and padded
-        bad = {k: v for k, v in errors.items() if not v <= TOL}
-        assert not bad, bad
