@@ -6,7 +6,7 @@ One training step (forward and backward of a policy-gradient loss, then AdamW) o
 tokens (a quarter prompt, the rest response), with the fsdp engine at sp = 1, 2, 4: sp gloo ranks,
 each computing L / sp positions. For each configuration, in its own processes:
 - peak memory per rank: the resident set's high-water mark during the step above the resident set
-  before it (after a warm-up step, so weights, gradients and Adam state are already there, and
+  before it (after a warm-up step, so the weight shards and Adam state are already there, and
   after returning the C heap's free pages to the kernel): the step's activations and transient
   buffers, measured (Linux VmHWM, reset through clear_refs);
 - the dry run's activation estimate for the same micro-batch (rlframe.controller.activation_memory);
@@ -127,9 +127,10 @@ def run(preset: str, lengths: list[int], sps: list[int], steps: int) -> str:
     head = (f"One training step on one sequence of L tokens (a quarter prompt), `{preset}` preset "
             f"({params / 1e6:.1f}M parameters), fp32, fsdp engine with dp=1 and Ulysses sp ranks; {steps} timed "
             f"steps after a warm-up, each configuration in its own processes. Peak = the largest rank's resident "
-            "high-water mark during the step above its resident set before it (activations and buffers; weights, "
-            "gradients and Adam state were there before). Estimate = the dry run's activation model for the same "
-            f"micro-batch. fp32 matmul {before['gflops']:.0f} GFLOP/s before, {after['gflops']:.0f} after (2 "
+            "high-water mark during the step above its resident set before it: the activations plus what every "
+            "step allocates anew (FSDP's gathered parameters and unsharded gradients, gathered once per step on "
+            "CPU, and the backward's transient buffers); the weight shards and Adam state were there before. "
+            f"Estimate = the dry run's activation model for the same micro-batch (activations only). fp32 matmul {before['gflops']:.0f} GFLOP/s before, {after['gflops']:.0f} after (2 "
             f"threads); 1-minute load average {before['load1']:.2f} before, {after['load1']:.2f} after.")
     table = markdown_table(["L", "sp", "ranks x threads", "peak MiB per rank", "less than sp=1",
                             "estimate MiB", "s/step, median (range)", "tokens/s", "time vs sp=1"], rows)

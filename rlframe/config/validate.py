@@ -157,10 +157,10 @@ def _check_sequence_split(name: str, role, res, out: list[str]) -> None:
     if role.sp > 1 and role.strategy != "fsdp":
         out.append(f"{name}.sp={role.sp}: Ulysses sequence parallelism is built into strategy=fsdp; set "
                    f"{name}.strategy=fsdp or {name}.sp=1")
-    if role.sp > 1 and role.sp * role.tp > res.procs_per_node:
+    if role.sp > 1 and res.procs_per_node % (role.sp * role.tp):
         out.append(f"{name}.sp({role.sp}) * tp({role.tp}) = {role.sp * role.tp} ranks exchange every layer's "
-                   f"activations (all-to-all, all-reduce) and must share a host, which has resources.procs_per_node="
-                   f"{res.procs_per_node}; lower {name}.sp or {name}.tp")
+                   f"activations (all-to-all, all-reduce) and must share a host: it must divide "
+                   f"resources.procs_per_node={res.procs_per_node}; lower {name}.sp or {name}.tp")
 
 
 def _check_batches(cfg: RunConfig, out: list[str]) -> None:
@@ -242,10 +242,12 @@ def _check_roles_and_trainer(cfg: RunConfig, out: list[str]) -> None:
     seq_len = cfg.data.prompt_length + cfg.data.response_length
     roles = [("actor", cfg.actor)] + ([("critic", cfg.critic)] if cfg.uses_critic else [])
     for name, role in roles:
-        if role.max_tokens_per_micro_batch is not None and role.max_tokens_per_micro_batch < seq_len:
-            out.append(f"{name}.max_tokens_per_micro_batch={role.max_tokens_per_micro_batch} cannot hold one "
+        budget = role.max_tokens_per_micro_batch
+        if budget is not None and budget * max(role.sp, 1) < seq_len:  # a rank's budget; sp ranks share a sequence
+            split = f" x {name}.sp={role.sp}" if role.sp > 1 else ""
+            out.append(f"{name}.max_tokens_per_micro_batch={budget}{split} cannot hold one "
                        f"sequence of data.prompt_length + data.response_length = {seq_len} tokens; "
-                       f"set it >= {seq_len} (or null)")
+                       f"set it >= {-(-seq_len // max(role.sp, 1))} (or null)")
         steps = optimizer_steps(cfg, role, actor=name == "actor")  # the engine's schedule length
         if role.lr_schedule == "cosine" and role.warmup_steps >= steps:
             out.append(f"{name}.warmup_steps={role.warmup_steps} leaves no steps for the cosine decay: the run takes "

@@ -26,6 +26,7 @@ import torch
 import torch.distributed as dist
 
 from rlframe.resharding.box import Box
+from rlframe.resharding.delta import HEADER_WORDS, DeltaState
 from rlframe.resharding.planner import Plan, Transfer, aligned, make_buckets
 
 Piece = tuple[str, Box, torch.Tensor]
@@ -121,10 +122,16 @@ def _arena_bytes(buckets: list[list[Transfer]], plan: Plan, rank: int, min_bytes
     return most
 
 
-def _post_sends(sends, plan, local, rank, arena, used, group, stats, min_bytes) -> tuple[list, int]:
-    ops = []
+def _word(msg: list[Transfer], plan: Plan) -> int:
+    """The element size a delta sync compares a message in (its pieces' smallest)."""
+    return min(plan.params[p.name].itemsize for p in msg)
+
+
+def _post_sends(sends, plan, local, rank, arena, used, group, stats, min_bytes) -> tuple[list, int, list]:
+    ops, words = [], []
     for peer in sorted(sends):
         for msg in _messages(sends[peer], plan, min_bytes):
+            words.append(_word(msg, plan))
             if _direct(plan, msg[0], min_bytes):
                 buf = _local_view(plan, local, msg[0].name, msg[0].box, rank).reshape(-1).view(torch.uint8)
                 stats.bytes_sent_zero_copy += buf.numel()
@@ -134,15 +141,17 @@ def _post_sends(sends, plan, local, rank, arena, used, group, stats, min_bytes) 
                 used += total
                 for p, off, n in placed:
                     _typed(buf, off, n, plan, p).copy_(_local_view(plan, local, p.name, p.box, rank))
+                    buf[off + n:off + aligned(n)].zero_()  # alignment gap: the same bytes at every sync
             stats.bytes_sent += sum(p.box.numel * plan.params[p.name].itemsize for p in msg)
             ops.append((True, buf, peer))  # the peer's rank in the plan's numbering
-    return ops, used
+    return ops, used, words
 
 
-def _post_recvs(recvs, plan, arena, used, group, stats, views, min_bytes) -> list:
-    ops = []
+def _post_recvs(recvs, plan, arena, used, group, stats, views, min_bytes) -> tuple[list, list]:
+    ops, words = [], []
     for peer in sorted(recvs):
         for msg in _messages(recvs[peer], plan, min_bytes):
+            words.append(_word(msg, plan))
             placed, total = _layout(msg, plan)
             buf = arena[used:used + total]
             used += total
@@ -153,7 +162,7 @@ def _post_recvs(recvs, plan, arena, used, group, stats, views, min_bytes) -> lis
             if _direct(plan, msg[0], min_bytes):
                 buf = buf[:placed[0][2]]
             ops.append((False, buf, peer))
-    return ops
+    return ops, words
 
 
 def _start(ops: list[tuple[bool, torch.Tensor, int]], group, channel) -> list:
@@ -165,17 +174,51 @@ def _start(ops: list[tuple[bool, torch.Tensor, int]], group, channel) -> list:
                                    for send, buf, peer in ops])
 
 
+def _move(ops: list, group, channel) -> None:
+    if ops:
+        for req in _start(ops, group, channel):
+            req.wait()
+
+
+def _move_delta(ops: list, words: list[int], delta: DeltaState, bucket_index: int, group, channel) -> None:
+    """The bucket's messages as deltas against the last sync (delta.py): every header first, then
+    the payloads; a dense payload is received straight into its slot."""
+    keys = [(bucket_index, send, peer, i) for i, (send, _, peer) in enumerate(ops)]
+    heads, payloads = [], []
+    for (send, buf, peer), key, word in zip(ops, keys, words):
+        if send:
+            head, payload = delta.encode(key, buf, word)
+        else:
+            head, payload = torch.empty(HEADER_WORDS, dtype=torch.int64, device=buf.device), None
+        heads.append((send, head, peer))
+        payloads.append(payload)
+    _move(heads, group, channel)
+    moves = []
+    for (send, buf, peer), (_, head, _), payload, word in zip(ops, heads, payloads, words):
+        if not send:
+            payload = buf if delta.is_dense(head) else torch.empty(
+                delta.payload_bytes(head, word), dtype=torch.uint8, device=buf.device)
+        moves.append((send, payload, peer))
+    _move([m for m in moves if m[1].numel()], group, channel)  # nothing changed: the header said all
+    for (send, buf, _), (_, head, _), (_, payload, _), key, word in zip(ops, heads, moves, keys, words):
+        if not send:
+            delta.decode(key, head, payload, buf, word)
+
+
 def _run_bucket(bucket: list[Transfer], plan: Plan, local, rank: int, arena: torch.Tensor, group, channel,
-                stats: ReshardStats, min_bytes: int) -> list[Piece]:
+                stats: ReshardStats, min_bytes: int, delta: DeltaState | None = None,
+                bucket_index: int = 0) -> list[Piece]:
     # All buffers of a bucket are carved from one arena allocated once: no allocation or page
     # faults per bucket, and the arena's size is the executor's whole extra memory.
     sends, recvs = _split_bucket(bucket, rank)
     views: dict[int, torch.Tensor] = {}
-    ops, used = _post_sends(sends, plan, local, rank, arena, 0, group, stats, min_bytes)
-    ops += _post_recvs(recvs, plan, arena, used, group, stats, views, min_bytes)
-    if ops:
-        for req in _start(ops, group, channel):
-            req.wait()
+    ops, used, words = _post_sends(sends, plan, local, rank, arena, 0, group, stats, min_bytes)
+    recv_ops, recv_words = _post_recvs(recvs, plan, arena, used, group, stats, views, min_bytes)
+    ops, words = ops + recv_ops, words + recv_words
+    if delta is None:
+        _move(ops, group, channel)
+    else:
+        _move_delta(ops, words, delta, bucket_index, group, channel)
     stats.num_messages += len(ops)
     out = []
     for p in bucket:
@@ -191,7 +234,8 @@ def _run_bucket(bucket: list[Transfer], plan: Plan, local, rank: int, arena: tor
 
 def execute_plan(plan: Plan, *, local: Mapping[str, torch.Tensor], consumer: Consumer,
                  bucket_bytes: int = 256 << 20, zero_copy_min_bytes: int = 1 << 20, group=None,
-                 device: torch.device | str | None = None, channel=None) -> ReshardStats:
+                 device: torch.device | str | None = None, channel=None,
+                 delta: DeltaState | None = None) -> ReshardStats:
     """Run `plan` on this rank; stream each bucket's pieces into `consumer`; return measured stats.
 
     local: {name: tensor} of this rank's source shards, shaped as `plan.src_boxes[(name, rank)]`
@@ -204,6 +248,8 @@ def execute_plan(plan: Plan, *, local: Mapping[str, torch.Tensor], consumer: Con
         their own message; smaller ones are packed with the others for that peer (fewer messages).
     channel: a `P2PChannel` joining two worker groups (ranks are then the channel's); None moves the
         pieces inside this process's torch.distributed world.
+    delta: this rank's `DeltaState` (delta.py) to send only what changed since the last sync with
+        the same state; every rank of the plan passes one (or none), kept from sync to sync.
     All ranks of `plan.ranks` must call this with the same plan and bucket_bytes.
     """
     rank = dist.get_rank() if channel is None else channel.rank
@@ -227,10 +273,13 @@ def execute_plan(plan: Plan, *, local: Mapping[str, torch.Tensor], consumer: Con
     if channel is None and dist.get_backend(group) == "nccl":
         # NCCL: a batched p2p call must not be the first collective of the group (torch docs).
         dist.barrier(group=group)
-    for bucket in buckets:
+    if delta is not None:
+        delta.begin_sync()
+    for index, bucket in enumerate(buckets):
         if not any(rank in (p.src, p.dst) for p in bucket):
             continue
-        pieces = _run_bucket(bucket, plan, local, rank, arena, group, channel, stats, zero_copy_min_bytes)
+        pieces = _run_bucket(bucket, plan, local, rank, arena, group, channel, stats, zero_copy_min_bytes,
+                             delta=delta, bucket_index=index)
         if pieces:
             consumer(pieces)
     del arena

@@ -93,11 +93,40 @@ def fsdp2_tp_mismatches(rank: int) -> list[str]:
     return bad
 
 
+def _delta_syncs(rank: int, src, dst, dst_box=None) -> list[dict]:
+    """Five syncs of changing weights with a DeltaState (full every 4th): after each, every rank holds
+    exactly what a full sync moves. Weights: random; then 1% of the elements changed; none; half;
+    1% again (the fifth sync is a full one)."""
+    from rlframe.resharding.delta import DeltaState
+
+    plan = plan_reshard(metas(), src=src, dst=dst, num_layers=DIMS.num_layers, dst_box=dst_box)
+    state = DeltaState(full_every=4)
+    g = torch.Generator().manual_seed(7)
+    full, out = full_weights(seed=1), []
+    for fraction in (None, 0.01, 0.0, 0.5, 0.01):
+        if fraction:
+            full = {n: torch.where(torch.rand(t.shape, generator=g) < fraction, torch.randn(t.shape, generator=g).to(t.dtype), t)
+                    for n, t in full.items()}
+        local = {n: full[n][b.slices()].clone() for (n, r), b in plan.src_boxes.items() if r == rank}
+        got = {}
+        execute_plan(plan, local=local, consumer=lambda ps: [got.setdefault(n, []).append((n, b, t.clone()))
+                                                              for n, b, t in ps],
+                     bucket_bytes=BUCKET, zero_copy_min_bytes=64, delta=state)
+        boxes = {n: b for (n, r), b in plan.dst_boxes.items() if r == rank}
+        held = assemble(got, boxes) if boxes else {}
+        s = state.stats
+        out.append({"exact": all(torch.equal(held[n], full[n][b.slices()]) for n, b in boxes.items()),
+                    "sent": s.sent_bytes, "full": s.full_bytes, "sparse": s.sparse_messages,
+                    "messages": s.messages, "changed": s.changed_fraction})
+    return out
+
+
 def _all_pairs(rank: int, world_size: int) -> dict:
     full = full_weights(seed=1)
     pairs = [_one_pair(rank, src, dst, full) for _, src, dst, _ in layout_pairs()]
     custom = _one_pair(rank, Layout(tp=2, dp=2, fsdp=True), Layout(tp=4), full, dst_box=vllm_like_box)
-    return {"pairs": pairs, "custom": custom, "fsdp2": fsdp2_tp_mismatches(rank)}
+    delta = _delta_syncs(rank, Layout(tp=2, dp=4, fsdp=True), Layout(tp=4, dp=2))
+    return {"pairs": pairs, "custom": custom, "fsdp2": fsdp2_tp_mismatches(rank), "delta": delta}
 
 
 @pytest.fixture(scope="module")
@@ -205,3 +234,43 @@ def test_shard_assembler_emits_each_parameter_once_complete():
         assert box == boxes[name] and torch.equal(t, full[name][box.slices()])
     whole_b = next(t for n, _, t in out if n == "b")
     assert whole_b.data_ptr() == full["b"].data_ptr()  # a whole piece passes through without a copy
+
+
+def test_delta_sync_equals_full_sync_and_sends_only_changes(spawned):
+    """Delta syncs (delta.py) leave every rank exactly what a full sync does, sync after sync; with 1%
+    of the elements changed they send a small part of the bytes, with none changed nothing, with half
+    changed they fall back to dense messages, and every full_every-th sync is dense."""
+    syncs = list(zip(*[r["delta"] for r in spawned]))  # per sync: every rank's result
+    for i, ranks in enumerate(syncs):
+        assert all(r["exact"] for r in ranks), i
+    total = [(sum(r["sent"] for r in ranks), sum(r["full"] for r in ranks)) for ranks in syncs]
+    first, one_pct, none, half, full_again = total
+    assert first[0] == first[1] and full_again[0] == full_again[1]  # dense: the first and the 4th after it
+    assert all(r["sparse"] == 0 for r in syncs[0] + syncs[4])
+    assert one_pct[0] < 0.1 * one_pct[1] and none[0] == 0
+    assert 0.9 * half[1] <= half[0] <= half[1]  # mostly dense (cheaper), never more than dense
+    assert all(sent <= full for sent, full in total)
+    changed = [r["changed"] for r in syncs[1] if r["messages"]]
+    assert changed and all(0.003 < c < 0.03 for c in changed), changed
+
+
+def test_delta_refuses_a_sparse_update_without_a_previous_copy():
+    from rlframe.resharding.delta import DeltaState
+
+    sender, receiver = DeltaState(full_every=100), DeltaState(full_every=100)
+    msg = torch.arange(64, dtype=torch.float32).view(torch.uint8)
+    for state in (sender, receiver):
+        state.begin_sync()
+    head, payload = sender.encode("k", msg, 4)
+    out = torch.empty_like(msg)
+    receiver.decode("k", head, payload, out, 4)
+    assert torch.equal(out, msg)
+    sender.begin_sync()
+    changed = msg.clone()
+    changed.view(torch.float32)[3] = -1.0
+    head, payload = sender.encode("k", changed, 4)
+    assert int(head[0]) == 1 and payload.numel() == 8 + 4  # one index (padded to 8 bytes), one value
+    with pytest.raises(ValueError, match="no previous copy"):
+        DeltaState().decode("k", head, payload, out, 4)
+    receiver.decode("k", head, payload, out, 4)
+    assert torch.equal(out, changed)

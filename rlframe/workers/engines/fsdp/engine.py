@@ -137,10 +137,12 @@ class FSDPTrainEngine(BatchedForward, TrainEngine):
         Under Ulysses the model runs on this rank's columns and the per-token results are gathered
         into whole rows (ulysses.py)."""
         inputs = self._model_inputs(data)
-        local, split = inputs, None
-        if self.sp_group is not None:
+        if self.sp_group is None:
+            local, split, out = inputs, None, run_model(self.model, inputs)
+        else:
             local, split = ulysses.split_inputs(inputs, group=self.sp_group, pad_token_id=self.pad_token_id)
-        out = run_model(self.model, local)
+            with ulysses.rank_rng(split):
+                out = run_model(self.model, local)
         resp_len = data["responses"].shape[1]
         stats = {"tokens_valid": inputs.tokens_valid, "tokens_computed": inputs.tokens_computed,
                  "tokens_padded": data["input_ids"].numel()}
@@ -164,6 +166,7 @@ class FSDPTrainEngine(BatchedForward, TrainEngine):
         # Without a backward, FSDP2 leaves the root's (and, gathering once, every layer's) parameters
         # unsharded after forward.
         reshard_all(self.model)
+        ulysses.release()
         return {k: restore_order([o[k] for o in per_mb], mbs).float().cpu() for k in per_mb[0]}
 
     # ---- training ------------------------------------------------------------------------
@@ -184,6 +187,7 @@ class FSDPTrainEngine(BatchedForward, TrainEngine):
             loss, metrics = loss_fn(outputs, mb.data)
             check_scalar_loss(loss)
             (loss * w).backward()
+            ulysses.release()  # the backward (and its recompute) is done with the micro-batch's split
             sums.add(loss, metrics, w, stats, mb.weight_scale)
         result = sums.reduce(dp=self.config.dp, dp_group=self.dp_group, device=self.device)
         result.update(self._optimizer_step())

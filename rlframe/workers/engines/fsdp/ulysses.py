@@ -19,13 +19,16 @@ gradients and hands each rank its columns' share, and FSDP, which shards and ave
 over dp x sp, divides that factor k away again: the step equals the one-process step.
 
 Every attention implementation the engine can pick works underneath: sdpa / sdpa_fp32 get the
-explicit boolean mask, eager the same as an additive one; flash attention gets the sequences' boundaries (cu_seq_lens) of the whole
-rows instead, so no (L, L) mask is built on GPU.
+explicit boolean mask (none for rows that are one sequence each), eager the same as an additive one;
+flash attention gets the segments' boundaries (cu_seq_lens) of the whole rows instead, so no (L, L)
+mask is built on GPU. A model's sliding window goes into the mask (flash applies it itself). With
+dropout on (LoRA's), each sp rank draws its own masks (`rank_rng`), as the positions of one process do.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
@@ -49,25 +52,31 @@ class SequenceSplit:
     cu_seq_lens: torch.Tensor  # flash attention: segment starts over the flattened rows, then rows * L
     max_seq_len: int
     causal_only: bool = False
-    _mask: torch.Tensor | None = None
+    _masks: dict = field(default_factory=dict)  # sliding window (None: none) -> mask
 
     def local(self, t: torch.Tensor) -> torch.Tensor:
         n = self.length // self.size
         return t[:, self.rank * n:(self.rank + 1) * n]
 
-    def mask(self) -> torch.Tensor | None:
-        """(rows, 1, L, L) bool: causal, within one sequence, to valid keys; a query with no key
-        allowed (a left pad) attends to itself, so no softmax row is empty (its output is unused).
-        None (plain causal attention, no mask built) when each row's columns before the sp padding
-        are one sequence of valid tokens: causality alone then keeps them from the padding after them."""
-        if self._mask is None and not self.causal_only:
+    def mask(self, *, window: int | None = None, always: bool = False) -> torch.Tensor | None:
+        """(rows, 1, L, L) bool: causal, within one sequence, to valid keys, and to the last `window`
+        positions with a sliding window; a query with no key allowed (a left pad) attends to itself,
+        so no softmax row is empty (its output is unused). None (plain causal attention, no mask
+        built) when each row's columns before the sp padding are one sequence of valid tokens and
+        there is no window (causality alone then keeps them from the padding after them), unless
+        `always`. Built once per micro-batch and window."""
+        if self.causal_only and window is None and not always:
+            return None
+        if window not in self._masks:
             n = self.length
-            causal = torch.ones(n, n, dtype=torch.bool, device=self.seq_ids.device).tril()
-            same = self.seq_ids[:, :, None] == self.seq_ids[:, None, :]
-            allowed = causal & same & self.key_valid[:, None, :].bool()
+            pos = torch.arange(n, device=self.seq_ids.device)
+            allowed = (pos[None, :] <= pos[:, None])[None] & (self.seq_ids[:, :, None] == self.seq_ids[:, None, :])
+            allowed &= self.key_valid[:, None, :].bool()
+            if window is not None:
+                allowed &= (pos[:, None] - pos[None, :] < window)[None]
             allowed |= torch.eye(n, dtype=torch.bool, device=allowed.device)
-            self._mask = allowed[:, None]
-        return self._mask
+            self._masks[window] = allowed[:, None]
+        return self._masks[window]
 
 
 _current: SequenceSplit | None = None
@@ -117,6 +126,24 @@ def _all_to_all(send: torch.Tensor, group) -> torch.Tensor:
     return wait_tensor(all_to_all_single_autograd(send, None, None, group))
 
 
+def release() -> None:
+    """Drop the current split (and its masks) once a step's backward, or a forward-only pass, is over."""
+    global _current
+    _current = None
+
+
+@contextmanager
+def rank_rng(split: SequenceSplit):
+    """Random draws (LoRA dropout) that differ between the sp ranks, as they would between the
+    positions of one process: a seed drawn from the shared generator (the same on every sp rank, so
+    it advances alike) plus the rank. Activation checkpointing replays the state it saw here."""
+    seed = int(torch.randint(0, 2**62, (1,)))
+    devices = [torch.cuda.current_device()] if torch.cuda.is_available() and torch.cuda.is_initialized() else []
+    with torch.random.fork_rng(devices=devices):
+        torch.manual_seed(seed + split.rank)
+        yield
+
+
 def _heads_to_sequence(x: torch.Tensor, group, size: int) -> torch.Tensor:
     """(rows, H, L/k, D) local columns, all heads -> (rows, H/k, L, D) all columns, this rank's heads."""
     b, h, n, d = x.shape
@@ -133,14 +160,23 @@ def _sequence_to_heads(x: torch.Tensor, group, size: int) -> torch.Tensor:
     return recv.permute(1, 2, 0, 3, 4).reshape(b, n // size, size * h, d)
 
 
-class _KeyValueGroups:
-    """The attention module as the wrapped implementation sees it: key/value heads already repeated."""
-
-    def __init__(self, module, groups: int):
-        self._module, self.num_key_value_groups = module, groups
+class _Delegate:
+    def __init__(self, inner):
+        self._inner = inner
 
     def __getattr__(self, name):
-        return getattr(self._module, name)
+        return getattr(self._inner, name)
+
+
+class _WrappedModule(_Delegate):
+    """The attention module as the wrapped implementation sees it: key/value heads already repeated,
+    and a config naming the wrapped implementation (flash attention picks its kernel by that name)."""
+
+    def __init__(self, module, groups: int, base: str):
+        super().__init__(module)
+        self.num_key_value_groups = groups
+        self.config = _Delegate(module.config)
+        self.config._attn_implementation = base
 
 
 def _implementation(base: str, module):
@@ -168,16 +204,17 @@ def _attention(base: str):
             key, value, groups = repeat_kv(key, heads // kv_heads), repeat_kv(value, heads // kv_heads), 1
         q, kk, v = (_heads_to_sequence(t, split.group, k) for t in (query, key, value))
         impl = _implementation(base, module)
-        if "flash" in base:
+        if "flash" in base:  # flash applies causality and a sliding window itself
             kwargs.update(cu_seq_lens_q=split.cu_seq_lens, cu_seq_lens_k=split.cu_seq_lens,
                           max_length_q=split.max_seq_len, max_length_k=split.max_seq_len)
             kwargs.pop("position_ids", None)
             mask = None
         else:
-            mask = split.mask()
-            if mask is not None and base == "eager":  # eager adds its mask to the scores
+            # eager applies causality only through its mask, and adds the mask to the scores
+            mask = split.mask(window=kwargs.get("sliding_window"), always=base == "eager")
+            if base == "eager":
                 mask = torch.zeros(mask.shape, dtype=q.dtype, device=q.device).masked_fill_(~mask, torch.finfo(q.dtype).min)
-        out, _ = impl(_KeyValueGroups(module, groups), q, kk, v, mask, **kwargs)
+        out, _ = impl(_WrappedModule(module, groups, base), q, kk, v, mask, **kwargs)
         return _sequence_to_heads(out, split.group, k), None
 
     return forward
@@ -189,7 +226,8 @@ def attention_implementation(base: str) -> str:
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface
 
-    name = PREFIX + base
+    # not "flash" in the name: transformers would load a flash kernel for the wrapper's name itself
+    name = PREFIX + base.replace("flash_attention", "fa")
     AttentionInterface.register(name, _attention(base))
     AttentionMaskInterface.register(name, lambda *args, **kwargs: None)
     return name

@@ -117,8 +117,8 @@ def test_ulysses_matches_single_process(model_path):
     results = run_distributed(_all_cases, world_size=4, args=(model_path,), timeout_s=400)
     worst: dict[str, float] = {}
     for errs in results:
-        # the variable-length kernel ran, once per layer, on packed and on padded rows
-        assert errs.pop("attention/flash_varlen_calls") == 2 * 2
+        # the variable-length kernel ran, once per layer, on packed and on padded rows of both batches
+        assert errs.pop("attention/flash_varlen_calls") == 2 * 2 * 2
         for k, v in errs.items():
             worst[k] = max(worst.get(k, 0.0), v)
     assert len([k for k in worst if k.endswith("/new_weights")]) == len(CASES) + 3, sorted(worst)
@@ -143,32 +143,50 @@ def _wrapped_attention():
     from tests.workers.engines.fsdp import test_packed_attention as kernels
 
     # transformers' flash path with pure-torch kernels (test_packed_attention.py explains how)
-    fa._lazy_imports = lambda *a, **k: (kernels.torch_flash_attn_func, kernels.torch_flash_attn_varlen_func, None,
-                                        fa._pad_input, fa._unpad_input)
+    asked = []
+
+    def lazy_imports(implementation, *args, **kwargs):
+        asked.append(implementation)  # the kernel is picked by this name: the wrapped one, never the wrapper's
+        return (kernels.torch_flash_attn_func, kernels.torch_flash_attn_varlen_func, None, fa._pad_input,
+                fa._unpad_input)
+
+    fa._lazy_imports = lazy_imports
     kernels.torch_flash_attn_varlen_func.segments = []
-    torch.manual_seed(0)
-    model = Qwen2ForCausalLM(make_config(PRESETS["test"], build_char_tokenizer())).eval()
-    b = make_batch(batch_size=4, seed=1)
-    valid = b["attention_mask"].bool()
-    args = (b["input_ids"], b["attention_mask"], b["position_ids"])
-    with torch.no_grad():
-        reference = model(input_ids=b["input_ids"], attention_mask=b["attention_mask"],
-                          position_ids=b["position_ids"], use_cache=False).logits
+    config = make_config(PRESETS["test"], build_char_tokenizer())
+    models = {}
+    for name, extra in (("plain", {}), ("sliding", {"use_sliding_window": True, "sliding_window": 3,
+                                                    "layer_types": ["sliding_attention"] * 2})):
+        torch.manual_seed(0)
+        models[name] = Qwen2ForCausalLM(type(config)(**{**config.to_dict(), **extra})).eval()
+    assert models["sliding"].config.layer_types == ["sliding_attention"] * 2
+    batches = {"mixed": make_batch(batch_size=4, seed=1),  # several sequences per packed row, padding
+               "one": make_batch(batch_size=1, prompt_len=7, response_len=6)}  # one sequence, no padding
     group = torch.distributed.group.WORLD
     errors = {}
-    for attn in ("sdpa", "eager", "flash_attention_2"):
-        model.config._attn_implementation = ulysses.attention_implementation(attn)
-        for name, inputs in (("packed", pack_inputs(*args)), ("padded", padded_inputs(*args))):
-            local, split = ulysses.split_inputs(inputs, group=group, pad_token_id=0)
+    for model_name, model in models.items():
+        for batch_name, b in batches.items():
+            valid = b["attention_mask"].bool()
+            args = (b["input_ids"], b["attention_mask"], b["position_ids"])
+            model.config._attn_implementation = "sdpa"
             with torch.no_grad():
-                logits = ulysses.gather_columns(run_model(model, local).logits, split)
-            got = logits
-            if inputs.src_index is not None:  # packed rows back to the (B, T) batch
-                bsz, t = inputs.batch_shape
-                got = logits.new_zeros(bsz * t, logits.shape[-1])
-                got[inputs.src_index] = logits.reshape(-1, logits.shape[-1])[inputs.dst_index]
-                got = got.view(bsz, t, -1)
-            errors[f"attention/{attn}/{name}"] = float((got[valid] - reference[valid]).abs().max())
+                reference = model(input_ids=b["input_ids"], attention_mask=b["attention_mask"],
+                                  position_ids=b["position_ids"], use_cache=False).logits
+            # flash-attn applies a sliding window itself (the kernels above have none)
+            for attn in ("sdpa", "eager") + (("flash_attention_2",) if model_name == "plain" else ()):
+                model.config._attn_implementation = ulysses.attention_implementation(attn)
+                for kind, inputs in (("packed", pack_inputs(*args)), ("padded", padded_inputs(*args))):
+                    local, split = ulysses.split_inputs(inputs, group=group, pad_token_id=0)
+                    with torch.no_grad():
+                        logits = ulysses.gather_columns(run_model(model, local).logits, split)
+                    got = logits
+                    if inputs.src_index is not None:  # packed rows back to the (B, T) batch
+                        bsz, t = inputs.batch_shape
+                        got = logits.new_zeros(bsz * t, logits.shape[-1])
+                        got[inputs.src_index] = logits.reshape(-1, logits.shape[-1])[inputs.dst_index]
+                        got = got.view(bsz, t, -1)
+                    key = f"attention/{model_name}/{batch_name}/{attn}/{kind}"
+                    errors[key] = float((got[valid] - reference[valid]).abs().max())
     errors["attention/flash_varlen_calls"] = len(kernels.torch_flash_attn_varlen_func.segments)
+    errors["attention/flash_kernel_names_wrong"] = float(any(n != "flash_attention_2" for n in asked) or not asked)
     return errors
 
