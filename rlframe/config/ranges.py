@@ -102,6 +102,7 @@ RANGES: dict[str, Rule] = {
     "rollout.gpu_memory_utilization": within(0, 1, open_lo=True, why=" (a fraction of GPU memory)"),
     "rollout.kv_cache_bytes": at_least(1 << 20, " (1 MiB; null: 256 MiB on CPU, on GPU what gpu_memory_utilization leaves after the weights)"),
     "rollout.bucket_bytes": at_least(1 << 20, " (1 MiB; weights move in buckets of this size)"),
+    "rollout.delta_full_every": at_least(1, " (syncs; 1: every delta sync is a full one)"),
     "reward.num_workers": at_least(0, " (0: score in the driver)"),
     "reward.max_error_fraction": within(0, 1, why=" (of a batch's rewards that may fail; 1.0: never stop)"),
     "resources.nodes": POSITIVE_INT,
@@ -144,6 +145,7 @@ def _choices() -> dict[str, tuple]:
              (("strategy", ("fsdp", "megatron")), ("lr_schedule", LR_SCHEDULES), ("precision", PRECISIONS))}
     return {"model.tiny_preset": tuple(sorted(PRESETS)), "data.task": (None, *TASKS, TOOL_TASK), **roles,
             "rollout.backend": ("auto", "vllm", "hf"), "rollout.load_format": ("auto", "real"),
+            "rollout.weight_sync": ("full", "delta"),
             "reward.ensemble": ("mean", "min"),
             "resources.placement": ("colocated", "split"), "trainer.loggers": SINKS,
             "algorithm.off_policy_correction": ("none", "behaviour", "tis")}

@@ -151,6 +151,11 @@ class RolloutSection:
     # null: 256 MiB on CPU (capped at what max_num_seqs x max_model_len take); on GPU what gpu_memory_utilization leaves
     kv_cache_bytes: int | None = None
     bucket_bytes: int = 256 << 20  # resharding bucket size
+    # full: every sync moves every weight; delta: only the elements that changed since the last sync (in
+    # the rollout's dtype: with bf16 most do not change in a step), every delta_full_every-th sync in
+    # full. Each side then keeps a copy of what it sends or receives (rlframe/resharding/delta.py).
+    weight_sync: str = "full"
+    delta_full_every: int = 10
     # Partial rollouts (0: off): each generation round gives an unfinished response at most this many
     # tokens; the rest is carried over and continued with the weights of later steps.
     partial_budget: int = 0
@@ -166,6 +171,10 @@ class RolloutSection:
     # Further vllm.LLM(...) keywords (vllm.EngineArgs), applied last; keys rlframe derives from other
     # settings are refused (config/validate.py names the setting to use).
     engine_kwargs: dict = field(default_factory=dict)
+
+    def delta_syncs(self) -> int | None:
+        """None for full weight syncs; with weight_sync=delta, every how many syncs one is full anyway."""
+        return self.delta_full_every if self.weight_sync == "delta" else None
 
 
 @dataclass

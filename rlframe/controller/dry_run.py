@@ -53,11 +53,9 @@ def runtime_dtype(cfg: RunConfig):
 
 
 def synced_dtype(cfg: RunConfig):
-    """The dtype a weight sync moves: the training shards as the actor's engine holds them (fsdp:
-    its fp32 sharded parameters, which vLLM casts on load; megatron: its compute-dtype weights)."""
-    import torch
-
-    return torch.float32 if cfg.actor.strategy == "fsdp" else runtime_dtype(cfg)
+    """The dtype a weight sync moves: the rollout's, which is the actor engine's compute dtype (the
+    actor casts its shards before sending; ActorWorker._synced_metas)."""
+    return runtime_dtype(cfg)
 
 
 def memory_lines(cfg: RunConfig, dims: ModelDims, shapes: dict) -> list[str]:
@@ -124,8 +122,9 @@ def describe_run(cfg: RunConfig) -> str:
         lines.append(f"critic training: {c.strategy} pp={c.pp} tp={c.tp} dp={c.dp}" + (f" sp={c.sp}" if c.sp > 1 else ""))
     lines += [
         f"rollout: vLLM-style generation tp={gen.tp} x {gen.dp} replicas ({cfg.rollout.backend} backend)",
-        f"resharding ({scheme}), {str(sync).removeprefix('torch.')} as the {cfg.actor.strategy} engine holds "
-        f"its shards: per rank receives max {max(recv) / GiB:.3f} GiB, mean "
+        f"resharding ({scheme}), in {str(sync).removeprefix('torch.')} as the rollout computes"
+        + (f" (delta syncs, full every {cfg.rollout.delta_full_every})" if cfg.rollout.weight_sync == "delta" else "")
+        + f": per rank receives max {max(recv) / GiB:.3f} GiB, mean "
         f"{sum(recv) / len(recv) / GiB:.3f} GiB; gathering full tensors on every rank would receive "
         f"{model_bytes / GiB:.3f} GiB per rank; {len(plan.transfers)} transfers",
     ]

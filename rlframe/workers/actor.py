@@ -25,8 +25,8 @@ from rlframe.resharding.channel import P2PChannel
 from rlframe.resharding.executor import execute_plan
 from rlframe.resharding.layout import generation_layout
 from rlframe.workers.common import (
-    RL_LOSS_WEIGHTING, build_train_engine, lora_sync_config, metrics_only, prefixed, rollout_config, sampling_temperature,
-    train_mesh,
+    RL_LOSS_WEIGHTING, build_train_engine, delta_state, lora_sync_config, metrics_only, prefixed, rollout_config,
+    sampling_temperature, sync_metrics, train_mesh,
 )
 from rlframe.workers.losses import actor_loss_fn, check_on_policy, dpo_loss_fn, sft_loss_fn
 from rlframe.workers.rollout import SamplingConfig, build_rollout_engine
@@ -42,8 +42,9 @@ class ActorWorker(TrainedRole):
         self.lora = actor.lora_rank > 0
         self.engine = build_train_engine(actor, model_path=model_path, head="lm", total_steps=total_steps, seed=seed)
         self.set_mesh(train_mesh(actor))
-        self.rollout = None
+        self.rollout, self._delta = None, None
         if rollout is not None:
+            self._delta = delta_state(rollout.delta_syncs())
             self.set_mesh(Mesh.of(dp=self.world_size // rollout.tp, tp=rollout.tp), name="rollout")
             on_gpu = self.engine.device.type == "cuda"
             self.rollout = build_rollout_engine(model_path, config=rollout_config(
@@ -64,12 +65,22 @@ class ActorWorker(TrainedRole):
         return vllm_plan(self._synced_metas(), src=src, dst=dst, model_path=self.model_path)
 
     def _synced_metas(self) -> dict:
-        """What a sync sends: the adapters with LoRA, else every parameter (HF name -> ParamMeta)."""
-        return self.engine.lora_param_metas() if self.lora else self.engine.param_metas()
+        """What a sync sends: the adapters with LoRA (as trained), else every parameter in the rollout's
+        dtype, which is the engine's compute dtype (HF name -> ParamMeta): vLLM's load would cast the
+        fsdp engine's fp32 shards to it anyway, so a bf16 run moves half the bytes, and a delta sync
+        compares what the rollout holds."""
+        from rlframe.resharding.planner import ParamMeta
+
+        if self.lora:
+            return self.engine.lora_param_metas()
+        dtype = self.engine.compute_dtype
+        return {name: ParamMeta(m.shape, dtype) for name, m in self.engine.param_metas().items()}
 
     def _synced_shards(self) -> dict:
-        shards = self.engine.lora_local_shards() if self.lora else self.engine.local_shards()
-        return {name: t for name, (_, _, t) in shards.items()}
+        if self.lora:
+            return {name: t for name, (_, _, t) in self.engine.lora_local_shards().items()}
+        dtype = self.engine.compute_dtype  # a cast copy of this rank's shards for the sync (fsdp bf16)
+        return {name: t.to(dtype) for name, (_, _, t) in self.engine.local_shards().items()}
 
     def _sync_pending(self) -> bool:
         """The rollout engine must be synced before it generates: the actor was updated since, or the
@@ -82,11 +93,10 @@ class ActorWorker(TrainedRole):
         update = self.rollout.lora_update(lora_sync_config(self.cfg)) if self.lora else self.rollout.weight_update()
         with update as consume:
             stats = execute_plan(self._plan, local=self._synced_shards(), consumer=consume,
-                                 bucket_bytes=self.bucket_bytes)
+                                 bucket_bytes=self.bucket_bytes, delta=self._delta)
         self._weights_stale = False
         recv = self.rollout.last_sync_stats  # measured on the receiving side (weight_sync.py)
-        return {"reshard/bytes_received_mb": stats.bytes_received / 2**20,
-                "reshard/bytes_sent_mb": stats.bytes_sent / 2**20,
+        return {**sync_metrics(stats, self._delta), "reshard/bytes_received_mb": stats.bytes_received / 2**20,
                 "reshard/peak_extra_mb": stats.peak_extra_bytes / 2**20, "reshard/buckets": stats.num_buckets,
                 "reshard/recv_peak_held_mb": recv.peak_held_bytes / 2**20,
                 # perf/: measurements of the process, which vary from run to run
@@ -140,7 +150,7 @@ class ActorWorker(TrainedRole):
 
     @register(dispatch=Dispatch.ONE_TO_ALL)
     def join_weight_channel(self, *, addr: str, port: int, gen_tp: int, gen_world: int, bucket_bytes: int,
-                            timeout_s: float) -> None:
+                            timeout_s: float, delta_full_every: int | None = None) -> None:
         """Join the channel to the generation group (this group's ranks first) and plan the sync;
         collective with the generation group's `join_weight_channel`."""
         src = self.engine.resharding_layout()
@@ -149,6 +159,7 @@ class ActorWorker(TrainedRole):
         self._split_plan = vllm_plan(self._synced_metas(), src=src, model_path=self.model_path,
                                      dst=split_generation_layout(src, tp=gen_tp, world=gen_world))
         self.bucket_bytes = bucket_bytes
+        self._delta = delta_state(delta_full_every)
 
     @register(dispatch=Dispatch.ONE_TO_ALL)
     def weights_stale(self) -> bool:
@@ -159,11 +170,9 @@ class ActorWorker(TrainedRole):
         """This rank's training shards straight to the generation ranks that need them (collective
         with the generation group's `receive_weights`)."""
         stats = execute_plan(self._split_plan, local=self._synced_shards(), consumer=_nothing_arrives,
-                             bucket_bytes=self.bucket_bytes,
-                             channel=self._channel)
+                             bucket_bytes=self.bucket_bytes, channel=self._channel, delta=self._delta)
         self._weights_stale = False
-        return {"reshard/bytes_sent_mb": stats.bytes_sent / 2**20,
-                "reshard/send_peak_extra_mb": stats.peak_extra_bytes / 2**20}
+        return {**sync_metrics(stats, self._delta), "reshard/send_peak_extra_mb": stats.peak_extra_bytes / 2**20}
 
     @register(dispatch=Dispatch.DP_COMPUTE, mesh="rollout")
     def generate_sequences(self, prompts: DataProto) -> DataProto:

@@ -75,6 +75,23 @@ def rollout_load_format(section: RolloutSection, actor: TrainRoleConfig | None) 
     return "dummy"
 
 
+def delta_state(full_every: int | None):
+    """A sync's delta state (kept from sync to sync on each rank), or None for full syncs."""
+    from rlframe.resharding.delta import DeltaState
+
+    return None if full_every is None else DeltaState(full_every=full_every)
+
+
+def sync_metrics(stats, delta) -> dict[str, float]:
+    """What a sync sent, from the executor's stats (and, for a delta sync, what it really moved)."""
+    out = {"reshard/bytes_sent_mb": stats.bytes_sent / 2**20}
+    if delta is not None:
+        d = delta.stats
+        out.update({"reshard/delta_sent_mb": d.sent_bytes / 2**20, "reshard/delta_changed_fraction": d.changed_fraction,
+                    "reshard/delta_full_sync": float(delta.full_sync)})
+    return out
+
+
 def lora_sync_config(role: TrainRoleConfig) -> dict:
     """The adapter settings a LoRA sync sends with the factors (PEFT's keys)."""
     return {"r": role.lora_rank, "lora_alpha": role.lora_alpha, "target_modules": list(role.lora_target_modules)}

@@ -17,7 +17,7 @@ from rlframe.resharding.channel import P2PChannel
 from rlframe.resharding.executor import execute_plan
 from rlframe.resharding.layout import Layout
 from rlframe.utils.timing import timed
-from rlframe.workers.common import lora_sync_config, rollout_config
+from rlframe.workers.common import delta_state, lora_sync_config, rollout_config
 from rlframe.workers.engines.base import precision_dtype
 from rlframe.workers.rollout import SamplingConfig, build_rollout_engine
 from rlframe.workers.weight_plan import split_generation_layout, vllm_plan
@@ -37,20 +37,21 @@ class GeneratorWorker(Worker):
 
     @register(dispatch=Dispatch.ONE_TO_ALL)
     def join_weight_channel(self, *, addr: str, port: int, train_layout: Layout, metas: dict, bucket_bytes: int,
-                            timeout_s: float) -> None:
+                            timeout_s: float, delta_full_every: int | None = None) -> None:
         """Join the channel after the training group's ranks and plan the same sync they planned."""
         self._channel = P2PChannel(addr=addr, port=port, rank=train_layout.size + self.rank,
                                    world_size=train_layout.size + self.world_size, timeout_s=timeout_s)
         dst = split_generation_layout(train_layout, tp=self.tp, world=self.world_size)
         self._plan = vllm_plan(metas, src=train_layout, dst=dst, model_path=self.model_path)
         self.bucket_bytes = bucket_bytes
+        self._delta = delta_state(delta_full_every)
 
     @register(dispatch=Dispatch.ONE_TO_ALL)
     def receive_weights(self) -> dict[str, float]:
         update = self.rollout.weight_update() if self.lora_config is None else self.rollout.lora_update(self.lora_config)
         with update as consume:
             stats = execute_plan(self._plan, local={}, consumer=consume, bucket_bytes=self.bucket_bytes,
-                                 channel=self._channel)
+                                 channel=self._channel, delta=self._delta)
         recv = self.rollout.last_sync_stats
         return {"reshard/bytes_received_mb": stats.bytes_received / 2**20,
                 "reshard/peak_extra_mb": stats.peak_extra_bytes / 2**20, "reshard/buckets": stats.num_buckets,

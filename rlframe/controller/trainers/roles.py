@@ -168,21 +168,21 @@ def build_roles(cfg: RunConfig, *, actor_path: str, critic_path: str) -> RunRole
                      reward_model=rm, pools=pools, rollout_tp=cfg.rollout.tp, generator=groups.get("rollout"))
     if roles.generator is not None:
         open_weight_channel(roles.actor, roles.generator, gen_tp=cfg.rollout.tp, bucket_bytes=cfg.rollout.bucket_bytes,
-                            timeout_s=timeout)
+                            timeout_s=timeout, delta_full_every=cfg.rollout.delta_syncs())
     return roles
 
 
 def open_weight_channel(actor: RayWorkerGroup, generator: RayWorkerGroup, *, gen_tp: int, bucket_bytes: int,
-                        timeout_s: float) -> None:
+                        timeout_s: float, delta_full_every: int | None = None) -> None:
     """Join every process of both groups in the weight channel (rendezvous on the actor's rank 0)
-    and let each side plan the same sync."""
+    and let each side plan the same sync (delta syncs when `delta_full_every` is set)."""
     import ray
 
     addr, port = ray.get(actor.hosts.actors[0].address.remote())
     metas, layout = actor.weight_plan_inputs()[0]
-    joining = [actor.join_weight_channel(addr=addr, port=port, gen_tp=gen_tp, gen_world=generator.world_size,
-                                         bucket_bytes=bucket_bytes, timeout_s=timeout_s, blocking=False),
-               generator.join_weight_channel(addr=addr, port=port, train_layout=layout, metas=metas,
-                                             bucket_bytes=bucket_bytes, timeout_s=timeout_s, blocking=False)]
+    common = dict(addr=addr, port=port, bucket_bytes=bucket_bytes, timeout_s=timeout_s,
+                  delta_full_every=delta_full_every, blocking=False)
+    joining = [actor.join_weight_channel(gen_tp=gen_tp, gen_world=generator.world_size, **common),
+               generator.join_weight_channel(train_layout=layout, metas=metas, **common)]
     for fut in joining:
         fut.get()
