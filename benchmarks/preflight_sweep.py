@@ -65,9 +65,9 @@ def main() -> None:
     after = machine_state()
     text = "\n\n".join([
         "`python benchmarks/preflight_sweep.py` (rows of `pairwise_rows()`, 2 steps each, one Ray for all): every "
-        "pair of settings of the sweep's 12 factors appears in some row; a row lists the settings that differ from "
-        "the defaults (grpo, temperature 1, one epoch of one mini-batch, actor dp2, 2 generation replicas, "
-        "colocated, fsdp, no LoRA, no partial rollouts, no agent loop, synchronous, fp32).",
+        "pair of settings of the sweep's 13 factors appears in some row; a row lists the settings that differ from "
+        "the defaults (grpo, temperature 1, one epoch of one mini-batch, trained roles at dp2, 2 generation "
+        "replicas, colocated, fsdp, no LoRA, no partial rollouts, no agent loop, synchronous, fp32, no recompute).",
         machine_line(note=f"load average {before['load1']:.1f} before, {after['load1']:.1f} after; fp32 matmul "
                           f"{before['gflops']:.0f} GFLOP/s, bf16 {before['gflops_bf16']:.0f}"),
         markdown_table(["row", "settings", "checks", "failed", "worst gap mean", "worst gap max", "seconds"], table),

@@ -146,6 +146,8 @@ def _choices() -> dict[str, tuple]:
     return {"model.tiny_preset": tuple(sorted(PRESETS)), "data.task": (None, *TASKS, TOOL_TASK), **roles,
             "rollout.backend": ("auto", "vllm", "hf"), "rollout.load_format": ("auto", "real"),
             "rollout.weight_sync": ("full", "delta"),
+            "rollout.weight_transport": ("auto", "gloo", "shm", "file", "nccl"),
+            "rollout.weight_fanout": ("direct", "chain"),
             "reward.ensemble": ("mean", "min"),
             "resources.placement": ("colocated", "split"), "trainer.loggers": SINKS,
             "algorithm.off_policy_correction": ("none", "behaviour", "tis")}

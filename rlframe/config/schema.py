@@ -156,6 +156,15 @@ class RolloutSection:
     # full. Each side then keeps a copy of what it sends or receives (rlframe/resharding/delta.py).
     weight_sync: str = "full"
     delta_full_every: int = 10
+    # How split placement's weight channel moves bytes (rlframe/resharding/transport.py): auto = shared
+    # memory between ranks on one host, gloo (TCP) between hosts; gloo; shm; file (safetensors files in
+    # weight_transport_dir, storage every rank mounts); nccl (GPU clusters; not in this CPU build).
+    weight_transport: str = "auto"
+    weight_transport_dir: str | None = None
+    # Split placement with several generation replicas: direct = the training ranks send every replica
+    # its slices; chain = they send each slice once, to the first replica, and each replica passes it
+    # on to the next while receiving the following bucket (rlframe/resharding/executor.Relay).
+    weight_fanout: str = "direct"
     # Partial rollouts (0: off): each generation round gives an unfinished response at most this many
     # tokens; the rest is carried over and continued with the weights of later steps.
     partial_budget: int = 0

@@ -163,6 +163,32 @@ def _check_sequence_split(name: str, role, res, out: list[str]) -> None:
                    f"resources.procs_per_node={res.procs_per_node}; lower {name}.sp or {name}.tp")
 
 
+def _check_weight_transport(cfg: RunConfig, out: list[str]) -> None:
+    """rollout.weight_transport and weight_fanout: the split placement's channel (the hybrid engine syncs in
+    its own group)."""
+    ro, res = cfg.rollout, cfg.resources
+    if ro.weight_fanout == "chain" and res.placement != "split":
+        out.append("rollout.weight_fanout=chain passes the weights from one generation replica to the next, between "
+                   "the groups of split placement; resources.placement=colocated syncs each replica in its own "
+                   "processes: set it back to direct or resources.placement=split")
+    kind = ro.weight_transport
+    if kind == "auto":
+        return
+    if res.placement != "split":
+        out.append(f"rollout.weight_transport={kind} chooses how split placement's weight channel moves bytes; "
+                   "resources.placement=colocated syncs inside the actor's own processes: set it back to auto "
+                   "or resources.placement=split")
+    elif kind == "shm" and res.nodes > 1:
+        out.append(f"rollout.weight_transport=shm needs every rank on one host, but resources.nodes={res.nodes}; "
+                   "use auto (shared memory within a host, gloo between hosts)")
+    elif kind == "file" and not ro.weight_transport_dir:
+        out.append("rollout.weight_transport=file needs rollout.weight_transport_dir: a directory on storage every "
+                   "rank of both groups mounts")
+    elif kind == "nccl":
+        out.append("rollout.weight_transport=nccl is written for GPU clusters (rlframe/resharding/transport.py), but "
+                   "this build has no NCCL and split placement on GPU is not supported yet (docs/gpu.md); use auto")
+
+
 def _check_batches(cfg: RunConfig, out: list[str]) -> None:
     samples = cfg.data.train_batch_size * cfg.algorithm.n_samples
     roles = [("actor", cfg.actor)] + ([("critic", cfg.critic)] if cfg.uses_critic else [])
@@ -276,6 +302,7 @@ def _check_roles_and_trainer(cfg: RunConfig, out: list[str]) -> None:
     if split and res.placement == "colocated":
         out.append("resources.split_procs is set but resources.placement=colocated ignores it; "
                    "set placement=split or remove split_procs")
+    _check_weight_transport(cfg, out)
     if res.placement == "split" and res.use_gpu:
         out.append("resources.placement=split with resources.use_gpu=true: the weight channel between the actor and "
                    "generation groups is gloo over TCP, which cannot send CUDA tensors; use "

@@ -205,21 +205,47 @@ def _move_delta(ops: list, words: list[int], delta: DeltaState, bucket_index: in
             delta.decode(key, head, payload, buf, word)
 
 
+@dataclass(frozen=True)
+class Relay:
+    """A generation rank's place in a chain of replicas (fan-out, split placement): the plan covers
+    the first replica only; this rank receives what the plan's rank `mirror` (the first replica's
+    rank at its tp position) receives, in the same messages, from `upstream` (None: from the plan's
+    senders: it is that rank), and forwards every message as received to `downstream` (None: last).
+    The training ranks send each slice once, to the first replica; each replica passes it on while
+    it receives the next bucket (two arenas on a forwarding rank)."""
+
+    mirror: int
+    upstream: int | None
+    downstream: int | None
+
+
 def _run_bucket(bucket: list[Transfer], plan: Plan, local, rank: int, arena: torch.Tensor, group, channel,
                 stats: ReshardStats, min_bytes: int, delta: DeltaState | None = None,
-                bucket_index: int = 0) -> list[Piece]:
+                bucket_index: int = 0, relay: Relay | None = None) -> tuple[list[Piece], list]:
+    """This rank's pieces of the bucket, and the requests of its forwards still in flight (a relay)."""
     # All buffers of a bucket are carved from one arena allocated once: no allocation or page
     # faults per bucket, and the arena's size is the executor's whole extra memory.
     sends, recvs = _split_bucket(bucket, rank)
     views: dict[int, torch.Tensor] = {}
     ops, used, words = _post_sends(sends, plan, local, rank, arena, 0, group, stats, min_bytes)
     recv_ops, recv_words = _post_recvs(recvs, plan, arena, used, group, stats, views, min_bytes)
-    ops, words = ops + recv_ops, words + recv_words
+    if relay is not None and relay.upstream is not None:  # the same messages, from the previous replica
+        recv_ops = [(False, buf, relay.upstream) for _, buf, _ in recv_ops]
+    all_ops, words = ops + recv_ops, words + recv_words
     if delta is None:
-        _move(ops, group, channel)
+        _move(all_ops, group, channel)
     else:
-        _move_delta(ops, words, delta, bucket_index, group, channel)
-    stats.num_messages += len(ops)
+        _move_delta(all_ops, words, delta, bucket_index, group, channel)
+    stats.num_messages += len(all_ops)
+    in_flight = []
+    if relay is not None and relay.downstream is not None and recv_ops:
+        forwards = [(True, buf, relay.downstream) for _, buf, _ in recv_ops]
+        stats.bytes_sent += sum(buf.numel() for _, buf, _ in forwards)
+        stats.num_messages += len(forwards)
+        if delta is None:
+            in_flight = _start(forwards, group, channel)
+        else:  # re-encoded against this link's own copies
+            _move_delta(forwards, recv_words, delta, bucket_index, group, channel)
     out = []
     for p in bucket:
         if p.dst != rank:
@@ -229,13 +255,13 @@ def _run_bucket(bucket: list[Transfer], plan: Plan, local, rank: int, arena: tor
             stats.bytes_reused += p.box.numel * plan.params[p.name].itemsize
         else:
             out.append((p.name, p.box, views[id(p)]))
-    return out
+    return out, in_flight
 
 
 def execute_plan(plan: Plan, *, local: Mapping[str, torch.Tensor], consumer: Consumer,
                  bucket_bytes: int = 256 << 20, zero_copy_min_bytes: int = 1 << 20, group=None,
                  device: torch.device | str | None = None, channel=None,
-                 delta: DeltaState | None = None) -> ReshardStats:
+                 delta: DeltaState | None = None, relay: Relay | None = None) -> ReshardStats:
     """Run `plan` on this rank; stream each bucket's pieces into `consumer`; return measured stats.
 
     local: {name: tensor} of this rank's source shards, shaped as `plan.src_boxes[(name, rank)]`
@@ -250,9 +276,13 @@ def execute_plan(plan: Plan, *, local: Mapping[str, torch.Tensor], consumer: Con
         pieces inside this process's torch.distributed world.
     delta: this rank's `DeltaState` (delta.py) to send only what changed since the last sync with
         the same state; every rank of the plan passes one (or none), kept from sync to sync.
+    relay: a generation rank's place in a chain of replicas (`Relay`); the plan then covers the
+        first replica only, on every rank.
     All ranks of `plan.ranks` must call this with the same plan and bucket_bytes.
     """
-    rank = dist.get_rank() if channel is None else channel.rank
+    own_rank = rank = dist.get_rank() if channel is None else channel.rank
+    if relay is not None:  # a replica of the plan's destination rank `mirror`
+        rank = relay.mirror
     if device is None:
         device = next(iter(local.values())).device if local else torch.device("cpu")
     missing = [n for (n, r) in plan.src_boxes if r == rank and n not in local]
@@ -262,27 +292,39 @@ def execute_plan(plan: Plan, *, local: Mapping[str, torch.Tensor], consumer: Con
     if strided:
         raise ValueError(f"local shards must be contiguous (pieces are sent straight from them); "
                          f"call .contiguous() on {strided[:3]}")
-    stats = ReshardStats(rank=rank)
+    stats = ReshardStats(rank=own_rank)
     t0 = time.perf_counter()
     buckets = make_buckets(plan, bucket_bytes=bucket_bytes)
     stats.num_buckets = len(buckets)
-    arena = torch.empty(_arena_bytes(buckets, plan, rank, zero_copy_min_bytes), dtype=torch.uint8, device=device)
-    # The arena is the only extra memory the executor allocates; reused pieces alias the local shards.
-    stats.peak_extra_bytes = arena.numel()
-    assert stats.peak_extra_bytes <= bucket_bytes, (stats.peak_extra_bytes, bucket_bytes)
+    size = _arena_bytes(buckets, plan, rank, zero_copy_min_bytes)
+    # The arenas are the only extra memory the executor allocates; reused pieces alias the local shards.
+    # A forwarding relay receives the next bucket into a second arena while the first one is sent on.
+    forwarding = relay is not None and relay.downstream is not None and delta is None
+    arenas = [torch.empty(size, dtype=torch.uint8, device=device) for _ in range(2 if forwarding else 1)]
+    stats.peak_extra_bytes = size * len(arenas)
+    assert size <= bucket_bytes, (size, bucket_bytes)
     if channel is None and dist.get_backend(group) == "nccl":
         # NCCL: a batched p2p call must not be the first collective of the group (torch docs).
         dist.barrier(group=group)
     if delta is not None:
         delta.begin_sync()
+    in_flight: list[list] = [[] for _ in arenas]
+    done = 0
     for index, bucket in enumerate(buckets):
         if not any(rank in (p.src, p.dst) for p in bucket):
             continue
-        pieces = _run_bucket(bucket, plan, local, rank, arena, group, channel, stats, zero_copy_min_bytes,
-                             delta=delta, bucket_index=index)
+        slot = done % len(arenas)
+        for req in in_flight[slot]:  # the forwards still reading this arena
+            req.wait()
+        pieces, in_flight[slot] = _run_bucket(bucket, plan, local, rank, arenas[slot], group, channel, stats,
+                                              zero_copy_min_bytes, delta=delta, bucket_index=index, relay=relay)
+        done += 1
         if pieces:
             consumer(pieces)
-    del arena
+    for reqs in in_flight:
+        for req in reqs:
+            req.wait()
+    del arenas
     stats.time_s = time.perf_counter() - t0
     return stats
 

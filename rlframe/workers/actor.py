@@ -150,14 +150,15 @@ class ActorWorker(TrainedRole):
 
     @register(dispatch=Dispatch.ONE_TO_ALL)
     def join_weight_channel(self, *, addr: str, port: int, gen_tp: int, gen_world: int, bucket_bytes: int,
-                            timeout_s: float, delta_full_every: int | None = None) -> None:
+                            timeout_s: float, delta_full_every: int | None = None, transport: str = "gloo",
+                            directory: str | None = None, chain: bool = False) -> None:
         """Join the channel to the generation group (this group's ranks first) and plan the sync;
         collective with the generation group's `join_weight_channel`."""
         src = self.engine.resharding_layout()
         self._channel = P2PChannel(addr=addr, port=port, rank=self.rank, world_size=src.size + gen_world,
-                                   timeout_s=timeout_s)
+                                   timeout_s=timeout_s, transport=transport, directory=directory)
         self._split_plan = vllm_plan(self._synced_metas(), src=src, model_path=self.model_path,
-                                     dst=split_generation_layout(src, tp=gen_tp, world=gen_world))
+                                     dst=split_generation_layout(src, tp=gen_tp, world=gen_world, chain=chain))
         self.bucket_bytes = bucket_bytes
         self._delta = delta_state(delta_full_every)
 

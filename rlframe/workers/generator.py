@@ -20,7 +20,7 @@ from rlframe.utils.timing import timed
 from rlframe.workers.common import delta_state, lora_sync_config, rollout_config
 from rlframe.workers.engines.base import precision_dtype
 from rlframe.workers.rollout import SamplingConfig, build_rollout_engine
-from rlframe.workers.weight_plan import split_generation_layout, vllm_plan
+from rlframe.workers.weight_plan import relay_of, split_generation_layout, vllm_plan
 
 
 class GeneratorWorker(Worker):
@@ -37,12 +37,16 @@ class GeneratorWorker(Worker):
 
     @register(dispatch=Dispatch.ONE_TO_ALL)
     def join_weight_channel(self, *, addr: str, port: int, train_layout: Layout, metas: dict, bucket_bytes: int,
-                            timeout_s: float, delta_full_every: int | None = None) -> None:
+                            timeout_s: float, delta_full_every: int | None = None, transport: str = "gloo",
+                            directory: str | None = None, chain: bool = False) -> None:
         """Join the channel after the training group's ranks and plan the same sync they planned."""
         self._channel = P2PChannel(addr=addr, port=port, rank=train_layout.size + self.rank,
-                                   world_size=train_layout.size + self.world_size, timeout_s=timeout_s)
-        dst = split_generation_layout(train_layout, tp=self.tp, world=self.world_size)
+                                   world_size=train_layout.size + self.world_size, timeout_s=timeout_s,
+                                   transport=transport, directory=directory)
+        dst = split_generation_layout(train_layout, tp=self.tp, world=self.world_size, chain=chain)
         self._plan = vllm_plan(metas, src=train_layout, dst=dst, model_path=self.model_path)
+        self._relay = relay_of(train_layout, tp=self.tp, world=self.world_size,
+                               channel_rank=self._channel.rank) if chain else None
         self.bucket_bytes = bucket_bytes
         self._delta = delta_state(delta_full_every)
 
@@ -51,7 +55,7 @@ class GeneratorWorker(Worker):
         update = self.rollout.weight_update() if self.lora_config is None else self.rollout.lora_update(self.lora_config)
         with update as consume:
             stats = execute_plan(self._plan, local={}, consumer=consume, bucket_bytes=self.bucket_bytes,
-                                 channel=self._channel, delta=self._delta)
+                                 channel=self._channel, delta=self._delta, relay=self._relay)
         recv = self.rollout.last_sync_stats
         return {"reshard/bytes_received_mb": stats.bytes_received / 2**20,
                 "reshard/peak_extra_mb": stats.peak_extra_bytes / 2**20, "reshard/buckets": stats.num_buckets,
@@ -64,8 +68,9 @@ class GeneratorWorker(Worker):
 
     @register(dispatch=Dispatch.ONE_TO_ALL)
     def planned_bytes_received(self) -> int:
-        """What the plan says this rank receives (its whole vLLM box: it holds nothing before)."""
-        return self._plan.bytes_received(self._channel.rank)
+        """What the plan says this rank receives (its whole vLLM box: it holds nothing before); in a
+        chain, what the first replica's rank at its tp position receives, which it receives too."""
+        return self._plan.bytes_received(self._relay.mirror if self._relay else self._channel.rank)
 
     @register(dispatch=Dispatch.ONE_TO_ALL)
     def rollout_weight_digests(self) -> dict:

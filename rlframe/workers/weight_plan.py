@@ -29,7 +29,21 @@ def vllm_plan(metas: dict, *, src: Layout, dst: Layout, model_path: str) -> Plan
     return plan_reshard(metas, src=src, dst=dst, num_layers=dims.num_layers, dst_box=vllm_box)
 
 
-def split_generation_layout(train: Layout, *, tp: int, world: int) -> Layout:
+def split_generation_layout(train: Layout, *, tp: int, world: int, chain: bool = False) -> Layout:
     """The generation group's layout on the channel: its `world` ranks come after the training
-    group's (channel ranks train.size .. train.size + world - 1), vLLM's consecutive tp groups."""
-    return Layout(tp=tp, dp=world // tp, ranks=tuple(range(train.size, train.size + world)))
+    group's (channel ranks train.size .. train.size + world - 1), vLLM's consecutive tp groups.
+    With `chain` (rollout.weight_fanout=chain) the plan's layout is the first replica alone: the
+    others get the same slices along the chain (`relay_of`)."""
+    replicas = world // tp if not chain else 1
+    return Layout(tp=tp, dp=replicas, ranks=tuple(range(train.size, train.size + replicas * tp)))
+
+
+def relay_of(train: Layout, *, tp: int, world: int, channel_rank: int):
+    """The chain position (executor.Relay) of generation channel rank `channel_rank`: replica r at tp
+    position j mirrors the first replica's rank j, receives from replica r - 1, forwards to r + 1."""
+    from rlframe.resharding.executor import Relay
+
+    r, j = divmod(channel_rank - train.size, tp)
+    rank = lambda replica: train.size + replica * tp + j  # noqa: E731
+    return Relay(mirror=rank(0), upstream=None if r == 0 else rank(r - 1),
+                 downstream=rank(r + 1) if (r + 1) * tp < world else None)

@@ -121,6 +121,16 @@ CASES = [
     ("actor.micro_batch_size=48", "actor.micro_batch_size=48", "use a divisor of 64"),
     ("actor.sequence_parallel=true", "actor.sequence_parallel=true", "actor.strategy=megatron"),
     ("actor.sp=0", "actor.sp=0", "actor.sp=1"),
+    ("rollout.weight_sync=partial", "rollout.weight_sync='partial'", "full"),
+    ("rollout.delta_full_every=0", "rollout.delta_full_every=0", "rollout.delta_full_every=10"),
+    ("rollout.weight_transport=shm", "rollout.weight_transport=shm chooses how split placement", "auto"),
+    ("rollout.weight_fanout=chain", "rollout.weight_fanout=chain passes the weights", "set it back to direct"),
+    ("rollout.weight_fanout=tree", "rollout.weight_fanout='tree'", "direct"),
+    ("resources.placement=split resources.split_procs={actor:1,rollout:1,critic:1} actor.dp=1 critic.dp=1 "
+     "rollout.weight_transport=file", "rollout.weight_transport=file needs rollout.weight_transport_dir",
+     "storage every rank"),
+    ("resources.placement=split resources.split_procs={actor:1,rollout:1,critic:1} actor.dp=1 critic.dp=1 "
+     "rollout.weight_transport=nccl", "rollout.weight_transport=nccl is written for GPU clusters", "use auto"),
     ("critic.sp=2", "critic layout dp(2) * sp(2) * tp(1) * pp(1) = 4 != its 2 processes", "set critic.dp/sp/tp/pp"),
     ("actor.sp=4 actor.dp=1", "actor.sp(4) * tp(1) = 4 ranks", "lower actor.sp or actor.tp"),
     ("actor.cp=2", "actor.cp=2: megatron-core runs context parallelism only inside TransformerEngine",

@@ -168,12 +168,15 @@ def build_roles(cfg: RunConfig, *, actor_path: str, critic_path: str) -> RunRole
                      reward_model=rm, pools=pools, rollout_tp=cfg.rollout.tp, generator=groups.get("rollout"))
     if roles.generator is not None:
         open_weight_channel(roles.actor, roles.generator, gen_tp=cfg.rollout.tp, bucket_bytes=cfg.rollout.bucket_bytes,
-                            timeout_s=timeout, delta_full_every=cfg.rollout.delta_syncs())
+                            timeout_s=timeout, delta_full_every=cfg.rollout.delta_syncs(),
+                            transport=cfg.rollout.weight_transport, directory=cfg.rollout.weight_transport_dir,
+                            chain=cfg.rollout.weight_fanout == "chain")
     return roles
 
 
 def open_weight_channel(actor: RayWorkerGroup, generator: RayWorkerGroup, *, gen_tp: int, bucket_bytes: int,
-                        timeout_s: float, delta_full_every: int | None = None) -> None:
+                        timeout_s: float, delta_full_every: int | None = None, transport: str = "gloo",
+                        directory: str | None = None, chain: bool = False) -> None:
     """Join every process of both groups in the weight channel (rendezvous on the actor's rank 0)
     and let each side plan the same sync (delta syncs when `delta_full_every` is set)."""
     import ray
@@ -181,7 +184,8 @@ def open_weight_channel(actor: RayWorkerGroup, generator: RayWorkerGroup, *, gen
     addr, port = ray.get(actor.hosts.actors[0].address.remote())
     metas, layout = actor.weight_plan_inputs()[0]
     common = dict(addr=addr, port=port, bucket_bytes=bucket_bytes, timeout_s=timeout_s,
-                  delta_full_every=delta_full_every, blocking=False)
+                  delta_full_every=delta_full_every, transport=transport, directory=directory, chain=chain,
+                  blocking=False)
     joining = [actor.join_weight_channel(gen_tp=gen_tp, gen_world=generator.world_size, **common),
                generator.join_weight_channel(train_layout=layout, metas=metas, **common)]
     for fut in joining:
