@@ -2,6 +2,7 @@
 weights, gloo vs shared-memory transport, on real training steps.
 
     python benchmarks/weight_sync.py [--preset 50m] [--steps 20] [--lr 1e-6] [--replicas 1] [--no-write]
+    python benchmarks/weight_sync.py --fanout 1,2,4 [--preset 50m] [--repeats 5]
 
 Rank 0 trains the preset's model (random init, fp32 AdamW at --lr, a cross-entropy step on a fresh
 random batch each step: real gradients) and after every step syncs it to --replicas generation ranks
@@ -11,6 +12,11 @@ master weights cast as the actor casts them) a full sync and a delta sync (rlfra
 a full one every 10), over gloo and over shared memory. Every delta sync is checked bit-identical to
 the full one of the same step. The first sync of each kind (a full one for delta) is left out of the
 medians. The table: bytes sent per sync, changed fraction, time per sync (median and spread).
+
+With --fanout: full bf16 syncs of the model from one training rank to R generation replicas (tp 1),
+direct (the training rank sends every replica its slices) and chained (rollout.weight_fanout=chain:
+sent once, forwarded replica to replica), alternating, --repeats times each, for each R; over shared
+memory (rollout.weight_transport=shm).
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from report import machine_state, markdown_table, write_section  # noqa: E402
 
 SECTION = "## Weight sync: delta and transports"
+FANOUT_SECTION = "## Weight sync: fan-out to generation replicas"
 MB = 1e6
 
 
@@ -114,6 +121,72 @@ def _sync(plan, local, channel, delta, got):
     return execute_plan(plan, local=local, consumer=keep, channel=channel, delta=delta)
 
 
+def _fanout(rank, world, path_shapes, repeats, ports):
+    import torch
+
+    from rlframe.resharding.channel import P2PChannel
+    from rlframe.resharding.executor import execute_plan
+    from rlframe.resharding.layout import Layout
+    from rlframe.resharding.planner import ParamMeta, plan_reshard
+    from rlframe.workers.weight_plan import relay_of, split_generation_layout
+
+    shapes = path_shapes
+    src = Layout(dp=1, ranks=(0,))
+    metas = {n: ParamMeta(s, torch.bfloat16) for n, s in shapes.items()}
+    g = torch.Generator().manual_seed(0)
+    local = {n: torch.randn(s, generator=g).to(torch.bfloat16) for n, s in shapes.items()} if rank == 0 else {}
+    plans = {chain: plan_reshard(metas, src=src, dst=split_generation_layout(src, tp=1, world=world - 1, chain=chain))
+             for chain in (False, True)}
+    relay = relay_of(src, tp=1, world=world - 1, channel_rank=rank) if rank else None
+    channel = P2PChannel(addr="127.0.0.1", port=ports[0], rank=rank, world_size=world, transport="shm")
+    times = {False: [], True: []}
+    for _ in range(repeats):
+        for chain in (False, True):
+            torch.distributed.barrier()
+            t0 = time.perf_counter()
+            execute_plan(plans[chain], local=local, consumer=lambda pieces: None, channel=channel,
+                         bucket_bytes=32 << 20, relay=relay if chain else None)
+            torch.distributed.barrier()
+            times[chain].append(time.perf_counter() - t0)
+    return times
+
+
+def run_fanout(preset: str, replicas: list[int], repeats: int) -> str:
+    import tempfile
+
+    import torch
+
+    from rlframe.data.tiny_model import build_random_model, count_parameters
+    from rlframe.utils.spawn import free_port, run_distributed
+
+    before = machine_state()
+    with tempfile.TemporaryDirectory() as tmp:
+        path = build_random_model(Path(tmp) / preset, preset=preset, seed=0)
+        from safetensors import safe_open
+
+        with safe_open(str(Path(path) / "model.safetensors"), "pt") as f:
+            shapes = {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}
+    rows, base = [], {}
+    for r in replicas:
+        times = run_distributed(_fanout, world_size=1 + r, args=(shapes, repeats, [free_port()]), timeout_s=3600)[0]
+        for chain in (False, True):
+            t = times[chain]
+            med = statistics.median(t)
+            base.setdefault(chain, med)
+            rows.append([r, "chain" if chain else "direct", f"{statistics.median(t):.3f} ({min(t):.3f}-{max(t):.3f})",
+                         f"{med / base[chain]:.2f}x"])
+            print(rows[-1], flush=True)
+    after = machine_state()
+    model_mb = sum(torch.Size(s).numel() for s in shapes.values()) * 2 / MB
+    head = (f"Full bf16 syncs of the `{preset}` preset ({count_parameters(preset) / 1e6:.1f}M parameters, "
+            f"{model_mb:.0f} MB) from one training rank to R generation replicas of tp 1 over shared memory "
+            f"(buckets of 32 MiB), direct and chained alternating, {repeats} times each; seconds per sync, median "
+            f"(range), and the median against R = 1. 1 + R processes on this machine's 2 cores. fp32 matmul "
+            f"{before['gflops']:.0f} GFLOP/s before, {after['gflops']:.0f} after; 1-minute load average "
+            f"{before['load1']:.2f} before, {after['load1']:.2f} after.")
+    return head + "\n\n" + markdown_table(["replicas R", "fan-out", "s per sync, median (range)", "vs R = 1"], rows)
+
+
 def run(preset: str, steps: int, lr: float, replicas: int) -> str:
     import tempfile
 
@@ -157,8 +230,17 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--lr", type=float, default=1e-6)
     ap.add_argument("--replicas", type=int, default=1)
+    ap.add_argument("--fanout", default=None, help="comma-separated replica counts: measure fan-out instead")
+    ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--no-write", action="store_true")
     args = ap.parse_args()
+    if args.fanout:
+        body = run_fanout(args.preset, [int(x) for x in args.fanout.split(",")], args.repeats)
+        print(body)
+        if not args.no_write:
+            command = f"python benchmarks/weight_sync.py --fanout {args.fanout} --preset {args.preset} --repeats {args.repeats}"
+            write_section(FANOUT_SECTION, f"Reproduce: `{command}` (measured {time.strftime('%Y-%m-%d')}).\n\n{body}")
+        return
     body = run(args.preset, args.steps, args.lr, args.replicas)
     print(body)
     if not args.no_write:

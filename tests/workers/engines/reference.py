@@ -137,3 +137,43 @@ def dp_slice(batch, engine):
     dp, d = engine.config.dp, engine.mesh.get_local_rank("dp")
     n = next(iter(batch.values())).shape[0] // dp
     return {k: v[d * n : (d + 1) * n] for k, v in batch.items()}, slice(d * n, (d + 1) * n)
+
+
+def box_errors(engine, truth: dict) -> float:
+    """Each local shard equals the ground-truth slice and the box the resharding layout predicts."""
+    layout = engine.resharding_layout()
+    rank = engine.layout()["rank"]
+    worst = 0.0
+    for name, (shape, box, local) in engine.local_shards().items():
+        assert shape == tuple(truth[name].shape), name
+        expected = layout.box(name, shape, rank)
+        assert (expected is None and box.empty) or expected == box, (name, box, expected)
+        assert local.data_ptr() == dict(engine.model.named_parameters())[name].to_local().data_ptr(), name
+        if not box.empty:
+            worst = max(worst, max_abs_diff(local, truth[name][box.slices()]))
+    return worst
+
+
+def compare_forward_and_step(engine, mine, rows, ref, errors: dict, tag: str, *, head: str, temperature: float = 1.0,
+                             after_forward=None) -> None:
+    """errors[tag/...]: the engine's forward outputs on its share `mine` (rows `rows` of the batch) and one
+    training step's loss, grad norm and new weights, against the one-process `ref` (outputs at `temperature`)."""
+    mask = mine["response_mask"]
+    if head == "lm":
+        out = engine.forward_log_probs(mine, temperature=temperature, with_entropy=True)
+        errors[f"{tag}/log_probs"] = max_abs_diff(out["log_probs"], ref["out"]["log_probs"][rows], mask)
+        errors[f"{tag}/entropy"] = max_abs_diff(out["entropy"], ref["out"]["entropy"][rows], mask)
+    else:
+        out = engine.forward_values(mine)
+        errors[f"{tag}/values"] = max_abs_diff(out, ref["out"]["values"][rows], mask)
+    for key, value in (after_forward() if after_forward else {}).items():
+        errors[f"{tag}/{key}"] = value
+    if head == "lm":
+        metrics = engine.train_step(policy_loss, mine, with_entropy=True)
+    else:
+        metrics = engine.train_step(value_loss, mine)
+    errors[f"{tag}/loss"] = abs(metrics["loss"] - ref["step"]["loss"])
+    errors[f"{tag}/grad_norm"] = abs(metrics["grad_norm"] - ref["step"]["grad_norm"])
+    new = engine.full_state_dict()
+    assert new.keys() == ref["step"]["state"].keys(), sorted(set(new) ^ set(ref["step"]["state"]))
+    errors[f"{tag}/new_weights"] = max(max_abs_diff(new[k], ref["step"]["state"][k]) for k in new)

@@ -19,8 +19,8 @@ import torch
 
 from rlframe.utils.spawn import run_distributed
 from tests.workers.engines.reference import (
-    build_reference, dp_slice, engine_on_mesh, make_batch, max_abs_diff, policy_loss, reference_outputs,
-    reference_step, sft_loss, value_loss,
+    box_errors, build_reference, compare_forward_and_step, dp_slice, engine_on_mesh, make_batch, max_abs_diff,
+    policy_loss, reference_outputs, reference_step, sft_loss, value_loss,
 )
 
 TOL = 1e-5
@@ -64,40 +64,13 @@ def _state_diff(a: dict, b: dict) -> float:
     return max(max_abs_diff(a[k], b[k]) for k in a)
 
 
-def _box_errors(engine, truth: dict) -> float:
-    """Each local shard equals the ground-truth slice and the box the resharding layout predicts."""
-    layout = engine.resharding_layout()
-    rank = engine.layout()["rank"]
-    worst = 0.0
-    for name, (shape, box, local) in engine.local_shards().items():
-        assert shape == tuple(truth[name].shape), name
-        expected = layout.box(name, shape, rank)
-        assert (expected is None and box.empty) or expected == box, (name, box, expected)
-        assert local.data_ptr() == dict(engine.model.named_parameters())[name].to_local().data_ptr(), name
-        if not box.empty:
-            worst = max(worst, max_abs_diff(local, truth[name][box.slices()]))
-    return worst
-
-
 def _check_layout(path, head, dp, tp, world, batch, ref, errors, tag, **overrides):
     engine = _engine(path, head=head, dp=dp, tp=tp, world=world, **overrides)
-    errors[f"{tag}/shards"] = _box_errors(engine, ref["init"])
+    errors[f"{tag}/shards"] = box_errors(engine, ref["init"])
     mine, rows = dp_slice(batch, engine)
-    mask = mine["response_mask"]
-    if head == "lm":
-        out = engine.forward_log_probs(mine, with_entropy=True)
-        errors[f"{tag}/log_probs"] = max_abs_diff(out["log_probs"], ref["out"]["log_probs"][rows], mask)
-        errors[f"{tag}/entropy"] = max_abs_diff(out["entropy"], ref["out"]["entropy"][rows], mask)
-        # a forward without backward leaves the sharded layout for the weight sync that follows it
-        errors[f"{tag}/shards_after_forward"] = _box_errors(engine, ref["init"])
-        metrics = engine.train_step(policy_loss, mine, with_entropy=True)
-    else:
-        out = engine.forward_values(mine)
-        errors[f"{tag}/values"] = max_abs_diff(out, ref["out"]["values"][rows], mask)
-        metrics = engine.train_step(value_loss, mine)
-    errors[f"{tag}/loss"] = abs(metrics["loss"] - ref["step"]["loss"])
-    errors[f"{tag}/grad_norm"] = abs(metrics["grad_norm"] - ref["step"]["grad_norm"])
-    errors[f"{tag}/new_weights"] = _state_diff(engine.full_state_dict(), ref["step"]["state"])
+    # a forward without backward leaves the sharded layout for the weight sync that follows it
+    compare_forward_and_step(engine, mine, rows, ref, errors, tag, head=head,
+                             after_forward=lambda: {"shards_after_forward": box_errors(engine, ref["init"])})
     return engine
 
 

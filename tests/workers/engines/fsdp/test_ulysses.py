@@ -16,7 +16,8 @@ import torch
 
 from rlframe.utils.spawn import run_distributed
 from tests.workers.engines.reference import (
-    build_reference, make_batch, max_abs_diff, policy_loss, reference_outputs, reference_step, value_loss,
+    box_errors, build_reference, compare_forward_and_step, dp_slice, make_batch, policy_loss, reference_outputs,
+    reference_step, value_loss,
 )
 
 TOL = 1e-5
@@ -64,30 +65,10 @@ def _check(path, head, case, world, batch, ref, errors, tag=""):
     dp, sp, tp, extra = case
     tag = tag or f"{head}/dp{dp}sp{sp}tp{tp}/{','.join(f'{k}={v}' for k, v in extra.items()) or 'packed'}"
     engine = _engine(path, dp=dp, sp=sp, tp=tp, world=world, head=head, **extra)
-    n, d = batch["input_ids"].shape[0] // dp, engine.mesh.get_local_rank("dp")
-    rows = slice(d * n, (d + 1) * n)
-    mine = {k: v[rows] for k, v in batch.items()}
-    mask = mine["response_mask"]
-    layout, rank = engine.resharding_layout(), engine.layout()["rank"]
-    for name, (shape, box, local) in engine.local_shards().items():
-        expected = layout.box(name, shape, rank)
-        assert (expected is None and box.empty) or expected == box, (tag, name, box, expected)
-        if not box.empty:
-            errors[f"{tag}/shards"] = max(errors.get(f"{tag}/shards", 0.0),
-                                          max_abs_diff(local, ref["init"][name][box.slices()]))
-    if head == "lm":
-        out = engine.forward_log_probs(mine, temperature=TEMPERATURE, with_entropy=True)
-        errors[f"{tag}/log_probs"] = max_abs_diff(out["log_probs"], ref["out"]["log_probs"][rows], mask)
-        errors[f"{tag}/entropy"] = max_abs_diff(out["entropy"], ref["out"]["entropy"][rows], mask)
-        metrics = engine.train_step(policy_loss, mine, with_entropy=True)
-    else:
-        out = engine.forward_values(mine)
-        errors[f"{tag}/values"] = max_abs_diff(out, ref["out"]["values"][rows], mask)
-        metrics = engine.train_step(value_loss, mine)
-    errors[f"{tag}/loss"] = abs(metrics["loss"] - ref["step"]["loss"])
-    errors[f"{tag}/grad_norm"] = abs(metrics["grad_norm"] - ref["step"]["grad_norm"])
-    new = engine.full_state_dict()
-    errors[f"{tag}/new_weights"] = max(max_abs_diff(new[k], ref["step"]["state"][k]) for k in new)
+    mine, rows = dp_slice(batch, engine)
+    errors[f"{tag}/shards"] = box_errors(engine, ref["init"])  # sp ranks hold the weights as dp ranks do
+    compare_forward_and_step(engine, mine, rows, ref, errors, tag, head=head,
+                             temperature=TEMPERATURE if head == "lm" else 1.0)
 
 
 def _all_cases(rank, world, path):
