@@ -167,6 +167,10 @@ def _check_weight_transport(cfg: RunConfig, out: list[str]) -> None:
     """rollout.weight_transport and weight_fanout: the split placement's channel (the hybrid engine syncs in
     its own group)."""
     ro, res = cfg.rollout, cfg.resources
+    if ro.weight_sync == "delta" and res.use_gpu:
+        out.append("rollout.weight_sync=delta keeps each rank's copy of what it syncs next to the weights, on the "
+                   "device: on GPU that memory is not in the memory estimate and the delta path has not run there; "
+                   "use rollout.weight_sync=full on GPU")
     if ro.weight_fanout == "chain" and res.placement != "split":
         out.append("rollout.weight_fanout=chain passes the weights from one generation replica to the next, between "
                    "the groups of split placement; resources.placement=colocated syncs each replica in its own "
@@ -180,7 +184,7 @@ def _check_weight_transport(cfg: RunConfig, out: list[str]) -> None:
                    "or resources.placement=split")
     elif kind == "shm" and res.nodes > 1:
         out.append(f"rollout.weight_transport=shm needs every rank on one host, but resources.nodes={res.nodes}; "
-                   "use auto (shared memory within a host, gloo between hosts)")
+                   "use auto (gloo)")
     elif kind == "file" and not ro.weight_transport_dir:
         out.append("rollout.weight_transport=file needs rollout.weight_transport_dir: a directory on storage every "
                    "rank of both groups mounts")

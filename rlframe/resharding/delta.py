@@ -70,6 +70,9 @@ class DeltaState:
         """(header, payload) for `message` (uint8); remembers `message` for the next sync."""
         words = message.view(_WORD_DTYPES[word])
         n = words.numel()
+        if n >= 2**31:
+            raise ValueError(f"delta sync: a message of {n} words does not fit int32 indices; lower "
+                             "rollout.bucket_bytes (at most 4 GiB for bf16 weights)")
         prev = self.previous.get(key)
         s = self.stats
         s.messages += 1

@@ -133,8 +133,14 @@ def _post_sends(sends, plan, local, rank, arena, used, group, stats, min_bytes) 
         for msg in _messages(sends[peer], plan, min_bytes):
             words.append(_word(msg, plan))
             if _direct(plan, msg[0], min_bytes):
-                buf = _local_view(plan, local, msg[0].name, msg[0].box, rank).reshape(-1).view(torch.uint8)
-                stats.bytes_sent_zero_copy += buf.numel()
+                view = _local_view(plan, local, msg[0].name, msg[0].box, rank)
+                dtype = plan.params[msg[0].name].dtype
+                if view.dtype == dtype:
+                    buf = view.reshape(-1).view(torch.uint8)
+                    stats.bytes_sent_zero_copy += buf.numel()
+                else:  # the plan's dtype is the sync's (fp32 shards sent as bf16): cast this piece alone
+                    buf = view.to(dtype).reshape(-1).view(torch.uint8)
+                    stats.peak_extra_bytes = max(stats.peak_extra_bytes, arena.numel() + buf.numel())
             else:
                 placed, total = _layout(msg, plan)
                 buf = arena[used:used + total]
@@ -265,7 +271,8 @@ def execute_plan(plan: Plan, *, local: Mapping[str, torch.Tensor], consumer: Con
     """Run `plan` on this rank; stream each bucket's pieces into `consumer`; return measured stats.
 
     local: {name: tensor} of this rank's source shards, shaped as `plan.src_boxes[(name, rank)]`
-        (ranks outside the source layout pass {}).
+        (ranks outside the source layout pass {}); a shard whose dtype differs from the plan's is
+        cast piece by piece as it is sent (the plan's dtype is what moves).
     consumer: called once per bucket that has pieces for this rank, with `[(name, box, tensor)]`;
         `box` is in global coordinates, `tensor` has shape `box.sizes`. Tensors are views into
         buffers reused after the call returns: copy what you keep.

@@ -12,8 +12,8 @@ Messages between one pair of ranks are matched in the order they are posted, on 
   (/dev/shm), the receiver reads it into its buffer and removes it; the channel's TCP store carries
   only the "it is there" signal. One copy in, one copy out, no socket.
 - file: the same through a directory on shared storage, one safetensors file per message (a
-  standard container with its sender, receiver and sequence number in the header), for generation
-  engines that can read a shared file system but not reach the trainer's ports.
+  standard container with its sender, receiver and sequence number in the header): the bytes go
+  through the file system; only the small "it is there" signals use the channel's store.
 - nccl: ProcessGroupNCCL between GPUs, the same construction as gloo; written for GPU clusters and
   not runnable in this CPU build (torch.distributed.is_nccl_available() is False): choosing it here
   is refused with that reason.
@@ -82,10 +82,11 @@ class _FileReceive:
                 raise ValueError(f"{path}: a message of {data.numel()} bytes for a {self.buf.numel()}-byte buffer")
             self.buf.copy_(data)
         else:
+            size = os.path.getsize(path)
+            if size != self.buf.numel():
+                raise ValueError(f"{path}: {size} bytes for a {self.buf.numel()}-byte buffer")
             with open(path, "rb") as fh:
-                got = fh.readinto(memoryview(self.buf.numpy()))
-            if got != self.buf.numel():
-                raise ValueError(f"{path}: {got} bytes for a {self.buf.numel()}-byte buffer")
+                fh.readinto(memoryview(self.buf.numpy()))
         os.unlink(path)
         t.store.delete_key(key)
 
@@ -119,14 +120,21 @@ class FileTransport:
                 continue
             path = self.path(self.rank, peer, seq)
             tmp = path + ".tmp"
-            if self.safetensors:
-                from safetensors.torch import save_file
+            try:
+                if self.safetensors:
+                    from safetensors.torch import save_file
 
-                save_file({"message": _as_bytes(buf.contiguous())}, tmp,
-                          metadata={"src": str(self.rank), "dst": str(peer), "seq": str(seq)})
-            else:
-                with open(tmp, "wb") as fh:
-                    fh.write(memoryview(_as_bytes(buf.contiguous()).numpy()))
+                    save_file({"message": _as_bytes(buf.contiguous())}, tmp,
+                              metadata={"src": str(self.rank), "dst": str(peer), "seq": str(seq)})
+                else:
+                    with open(tmp, "wb") as fh:
+                        fh.write(memoryview(_as_bytes(buf.contiguous()).numpy()))
+            except OSError as err:
+                self.close()
+                raise OSError(err.errno, f"weight transport: writing a {buf.numel() * buf.element_size()}-byte "
+                                         f"message to {self.directory} failed ({err.strerror}); a bucket's messages "
+                                         "are there at once: give it room for rollout.bucket_bytes, lower "
+                                         "bucket_bytes, or use rollout.weight_transport=gloo") from err
             os.replace(tmp, path)
             self.store.set(self.key(self.rank, peer, seq), "1")
             out.append(_Done())
@@ -152,14 +160,15 @@ def build_transport(kind: str, *, store, rank: int, world_size: int, timeout: ti
     with the same kind). `name` keeps the message files of two channels apart."""
     if kind not in TRANSPORTS:
         raise ValueError(f"rollout.weight_transport={kind!r} is unknown; use one of {TRANSPORTS}")
-    if kind in ("gloo", "nccl"):
-        return ProcessGroupTransport(store, rank, world_size, timeout, backend=kind)
+    if kind in ("auto", "gloo", "nccl"):  # auto: gloo (see the module docstring)
+        return ProcessGroupTransport(store, rank, world_size, timeout, backend="gloo" if kind == "auto" else kind)
+    if rank == 0:
+        store.set("transport_token", os.urandom(6).hex())
+    name = f"{name}-{store.get('transport_token').decode()}"  # this channel's files only, on shared storage too
     if kind == "file":
         if not directory:
             raise ValueError("rollout.weight_transport=file needs rollout.weight_transport_dir: a directory every "
                              "rank of both groups can read and write (shared storage)")
         return FileTransport(store, rank, world_size, timeout, directory=os.path.join(directory, name),
                              safetensors=True)
-    if kind == "shm":
-        return FileTransport(store, rank, world_size, timeout, directory=os.path.join(SHM_ROOT, name))
-    return ProcessGroupTransport(store, rank, world_size, timeout, backend="gloo")  # auto: see the module docstring
+    return FileTransport(store, rank, world_size, timeout, directory=os.path.join(SHM_ROOT, name))

@@ -44,7 +44,7 @@ class ActorWorker(TrainedRole):
         self.set_mesh(train_mesh(actor))
         self.rollout, self._delta = None, None
         if rollout is not None:
-            self._delta = delta_state(rollout.delta_syncs())
+            self._delta = delta_state(None if self.lora else rollout.delta_syncs())  # adapters: full
             self.set_mesh(Mesh.of(dp=self.world_size // rollout.tp, tp=rollout.tp), name="rollout")
             on_gpu = self.engine.device.type == "cuda"
             self.rollout = build_rollout_engine(model_path, config=rollout_config(
@@ -77,10 +77,9 @@ class ActorWorker(TrainedRole):
         return {name: ParamMeta(m.shape, dtype) for name, m in self.engine.param_metas().items()}
 
     def _synced_shards(self) -> dict:
-        if self.lora:
-            return {name: t for name, (_, _, t) in self.engine.lora_local_shards().items()}
-        dtype = self.engine.compute_dtype  # a cast copy of this rank's shards for the sync (fsdp bf16)
-        return {name: t.to(dtype) for name, (_, _, t) in self.engine.local_shards().items()}
+        """This rank's shards as held; the executor casts each piece to the plan's dtype as it sends it."""
+        shards = self.engine.lora_local_shards() if self.lora else self.engine.local_shards()
+        return {name: t for name, (_, _, t) in shards.items()}
 
     def _sync_pending(self) -> bool:
         """The rollout engine must be synced before it generates: the actor was updated since, or the
@@ -160,7 +159,7 @@ class ActorWorker(TrainedRole):
         self._split_plan = vllm_plan(self._synced_metas(), src=src, model_path=self.model_path,
                                      dst=split_generation_layout(src, tp=gen_tp, world=gen_world, chain=chain))
         self.bucket_bytes = bucket_bytes
-        self._delta = delta_state(delta_full_every)
+        self._delta = delta_state(None if self.lora else delta_full_every)  # adapters change whole: full
 
     @register(dispatch=Dispatch.ONE_TO_ALL)
     def weights_stale(self) -> bool:

@@ -94,16 +94,16 @@ def fsdp2_tp_mismatches(rank: int) -> list[str]:
 
 
 def _delta_syncs(rank: int, src, dst, dst_box=None) -> list[dict]:
-    """Five syncs of changing weights with a DeltaState (full every 4th): after each, every rank holds
+    """Six syncs of changing weights with a DeltaState (full every 4th): after each, every rank holds
     exactly what a full sync moves. Weights: random; then 1% of the elements changed; none; half;
-    1% again (the fifth sync is a full one)."""
+    1% again (the fifth sync is a full one); 1% (sparse after a full sync that overwrote the copies)."""
     from rlframe.resharding.delta import DeltaState
 
     plan = plan_reshard(metas(), src=src, dst=dst, num_layers=DIMS.num_layers, dst_box=dst_box)
     state = DeltaState(full_every=4)
     g = torch.Generator().manual_seed(7)
     full, out = full_weights(seed=1), []
-    for fraction in (None, 0.01, 0.0, 0.5, 0.01):
+    for fraction in (None, 0.01, 0.0, 0.5, 0.01, 0.01):
         if fraction:
             full = {n: torch.where(torch.rand(t.shape, generator=g) < fraction, torch.randn(t.shape, generator=g).to(t.dtype), t)
                     for n, t in full.items()}
@@ -244,7 +244,8 @@ def test_delta_sync_equals_full_sync_and_sends_only_changes(spawned):
     for i, ranks in enumerate(syncs):
         assert all(r["exact"] for r in ranks), i
     total = [(sum(r["sent"] for r in ranks), sum(r["full"] for r in ranks)) for ranks in syncs]
-    first, one_pct, none, half, full_again = total
+    first, one_pct, none, half, full_again, after_full = total
+    assert after_full[0] < 0.1 * after_full[1]
     assert first[0] == first[1] and full_again[0] == full_again[1]  # dense: the first and the 4th after it
     assert all(r["sparse"] == 0 for r in syncs[0] + syncs[4])
     assert one_pct[0] < 0.1 * one_pct[1] and none[0] == 0

@@ -57,6 +57,20 @@ def _run(rank, world, ports, directory):
         torch.distributed.barrier()  # every rank done with this channel's files
         if kind == "shm":
             out["shm_left"] = sorted(os.listdir(channel.transport.directory))
+    # fp32 shards, a bf16 plan: each piece is cast as it is sent (packed or straight from the shard)
+    from rlframe.resharding.planner import ParamMeta
+
+    bf16 = plan_reshard({n: ParamMeta(m.shape, torch.bfloat16) for n, m in metas().items()}, src=SRC, dst=DST,
+                        num_layers=DIMS.num_layers)
+    fp32 = {n: t.float() for n, t in full_weights(seed=6).items()}
+    local = {n: fp32[n][b.slices()].clone() for (n, r), b in bf16.src_boxes.items() if r == rank}
+    got = {}
+    execute_plan(bf16, local=local, bucket_bytes=2048, zero_copy_min_bytes=64, channel=channel,
+                 consumer=lambda ps: [got.setdefault(n, []).append((n, b, t.clone())) for n, b, t in ps])
+    boxes = {n: b for (n, r), b in bf16.dst_boxes.items() if r == rank}
+    held = assemble(got, boxes) if boxes else {}
+    out["cast"] = all(held[n].dtype == torch.bfloat16 and torch.equal(held[n], fp32[n][b.slices()].bfloat16())
+                      for n, b in boxes.items())
     try:
         P2PChannel(addr="127.0.0.1", port=ports[-1], rank=rank, world_size=world, timeout_s=60, transport="nccl")
         out["nccl"] = "built"
@@ -70,7 +84,7 @@ def test_every_transport_moves_the_same_bytes(tmp_path):
     results = run_distributed(_run, world_size=4, args=(ports, str(tmp_path)), timeout_s=240)
     for rank, res in enumerate(results):
         assert all(res[k] for k in KINDS), (rank, res)
-        assert res["shm_delta"] and res["shm_left"] == [], (rank, res)
+        assert res["shm_delta"] and res["shm_left"] == [] and res["cast"], (rank, res)
         if not torch.distributed.is_nccl_available():
             assert "is_nccl_available() is False" in res["nccl"], res["nccl"]
     assert list(tmp_path.rglob("*.safetensors")) == []  # every file message was read and removed
