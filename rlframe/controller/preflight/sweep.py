@@ -26,6 +26,8 @@ FACTORS: dict[str, tuple] = {
     "async": (0, 1),
     "precision": ("fp32", "bf16"),
     "recompute": ("off", "on"),  # activation_checkpointing of the trained roles
+    "sync": ("full", "delta"),  # rollout.weight_sync (delta: every 2nd sync full)
+    "fanout": ("direct", "chain"),  # rollout.weight_fanout (split placement, 2 generation replicas)
 }
 DEFAULTS = {k: v[0] for k, v in FACTORS.items()}
 ROWS = 16  # one step's rows in every config: grpo 4 prompts x 4 samples, ppo 16 prompts
@@ -40,7 +42,8 @@ def valid(row: dict) -> bool:
     return not ((row["async"] and row["placement"] != "split")
                 or (row["strategy"] == "megatron" and (row["lora"] != "off" or row["layout"] == "sp2"))
                 or (row["agent"] == "on" and (row["partial"] == "on" or row["algorithm"] != "grpo"))
-                or (row["async"] and (row["partial"] == "on" or row["agent"] == "on")))
+                or (row["async"] and (row["partial"] == "on" or row["agent"] == "on"))
+                or (row["fanout"] == "chain" and (row["placement"] != "split" or row["replicas"] != 2)))
 
 
 def _pairs(row: dict) -> set:
@@ -94,6 +97,10 @@ def config_for(row: dict) -> tuple[str, list[str]]:
         o.append("actor.precision=bf16")
     if row["recompute"] == "on":
         o += [f"{role}.activation_checkpointing=true" for role in roles]
+    if row["sync"] == "delta":
+        o += ["rollout.weight_sync=delta", "rollout.delta_full_every=2"]
+    if row["fanout"] == "chain":
+        o.append("rollout.weight_fanout=chain")
     return name, o
 
 
