@@ -3,6 +3,7 @@ weights, gloo vs shared-memory transport, on real training steps.
 
     python benchmarks/weight_sync.py [--preset 50m] [--steps 20] [--lr 1e-6] [--replicas 1] [--no-write]
     python benchmarks/weight_sync.py --fanout 1,2,4 [--preset 50m] [--repeats 5]
+    python benchmarks/weight_sync.py --hosts --link-mbit 1000 [--fanout 1,2,4] [--steps 20]   # root
 
 Rank 0 trains the preset's model (random init, fp32 AdamW at --lr, a cross-entropy step on a fresh
 random batch each step: real gradients) and after every step syncs it to --replicas generation ranks
@@ -17,6 +18,10 @@ With --fanout: full bf16 syncs of the model from one training rank to R generati
 direct (the training rank sends every replica its slices) and chained (rollout.weight_fanout=chain:
 sent once, forwarded replica to replica), alternating, --repeats times each, for each R; over shared
 memory (rollout.weight_transport=shm).
+
+With --hosts: the same two measurements between hosts made of network namespaces
+(rlframe/utils/netns_hosts.py), each host's outgoing traffic capped at --link-mbit (a token bucket on
+its interface, as a NIC's line rate), gloo between them: the trainer on h0, replica r on h(r+1).
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ from report import machine_state, markdown_table, write_section  # noqa: E402
 
 SECTION = "## Weight sync: delta and transports"
 FANOUT_SECTION = "## Weight sync: fan-out to generation replicas"
+HOSTS_SECTION = "## Weight sync between hosts with rate-limited links"
 MB = 1e6
 
 
@@ -48,7 +54,7 @@ def _train_step(model, opt, vocab: int, g) -> None:
     opt.step()
 
 
-def _run(rank, world, path, steps, lr, ports):
+def _run(rank, world, path, steps, lr, ports, addr="127.0.0.1", kinds=("gloo", "shm")):
     import torch
 
     from rlframe.resharding.channel import P2PChannel
@@ -68,10 +74,9 @@ def _run(rank, world, path, steps, lr, ports):
     else:
         shapes = None
     shapes = _broadcast(shapes)
-    channels = {kind: P2PChannel(addr="127.0.0.1", port=port, rank=rank, world_size=world, transport=kind)
-                for kind, port in zip(("gloo", "shm"), ports)}
-    runs = [(dtype, mode, kind) for dtype in ("float32", "bfloat16") for kind in ("gloo", "shm")
-            for mode in ("full", "delta")]
+    channels = {kind: P2PChannel(addr=addr, port=port, rank=rank, world_size=world, transport=kind)
+                for kind, port in zip(kinds, ports)}
+    runs = [(dtype, mode, kind) for dtype in ("float32", "bfloat16") for kind in kinds for mode in ("full", "delta")]
     plans = {d: plan_reshard({n: ParamMeta(s, getattr(torch, d)) for n, s in shapes.items()}, src=src, dst=dst)
              for d in ("float32", "bfloat16")}
     deltas = {r: DeltaState(full_every=10) for r in runs if r[1] == "delta"}
@@ -121,7 +126,7 @@ def _sync(plan, local, channel, delta, got):
     return execute_plan(plan, local=local, consumer=keep, channel=channel, delta=delta)
 
 
-def _fanout(rank, world, path_shapes, repeats, ports):
+def _fanout(rank, world, path_shapes, repeats, ports, addr="127.0.0.1", transport="shm"):
     import torch
 
     from rlframe.resharding.channel import P2PChannel
@@ -138,7 +143,7 @@ def _fanout(rank, world, path_shapes, repeats, ports):
     plans = {chain: plan_reshard(metas, src=src, dst=split_generation_layout(src, tp=1, world=world - 1, chain=chain))
              for chain in (False, True)}
     relay = relay_of(src, tp=1, world=world - 1, channel_rank=rank) if rank else None
-    channel = P2PChannel(addr="127.0.0.1", port=ports[0], rank=rank, world_size=world, transport="shm")
+    channel = P2PChannel(addr=addr, port=ports[0], rank=rank, world_size=world, transport=transport)
     times = {False: [], True: []}
     for _ in range(repeats):
         for chain in (False, True):
@@ -166,16 +171,8 @@ def run_fanout(preset: str, replicas: list[int], repeats: int) -> str:
 
         with safe_open(str(Path(path) / "model.safetensors"), "pt") as f:
             shapes = {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}
-    rows, base = [], {}
-    for r in replicas:
-        times = run_distributed(_fanout, world_size=1 + r, args=(shapes, repeats, [free_port()]), timeout_s=3600)[0]
-        for chain in (False, True):
-            t = times[chain]
-            med = statistics.median(t)
-            base.setdefault(chain, med)
-            rows.append([r, "chain" if chain else "direct", f"{statistics.median(t):.3f} ({min(t):.3f}-{max(t):.3f})",
-                         f"{med / base[chain]:.2f}x"])
-            print(rows[-1], flush=True)
+    rows = fanout_rows({r: run_distributed(_fanout, world_size=1 + r, args=(shapes, repeats, [free_port()]),
+                                           timeout_s=3600)[0] for r in replicas})
     after = machine_state()
     model_mb = sum(torch.Size(s).numel() for s in shapes.values()) * 2 / MB
     head = (f"Full bf16 syncs of the `{preset}` preset ({count_parameters(preset) / 1e6:.1f}M parameters, "
@@ -185,6 +182,20 @@ def run_fanout(preset: str, replicas: list[int], repeats: int) -> str:
             f"{before['gflops']:.0f} GFLOP/s before, {after['gflops']:.0f} after; 1-minute load average "
             f"{before['load1']:.2f} before, {after['load1']:.2f} after.")
     return head + "\n\n" + markdown_table(["replicas R", "fan-out", "s per sync, median (range)", "vs R = 1"], rows)
+
+
+def fanout_rows(by_replicas: dict) -> list[list]:
+    """Table rows from {R: {chained: [seconds per sync]}}."""
+    rows, base = [], {}
+    for r, times in by_replicas.items():
+        for chain in (False, True):
+            t = times[chain]
+            med = statistics.median(t)
+            base.setdefault(chain, med)
+            rows.append([r, "chain" if chain else "direct", f"{statistics.median(t):.3f} ({min(t):.3f}-{max(t):.3f})",
+                         f"{med / base[chain]:.2f}x"])
+            print(rows[-1], flush=True)
+    return rows
 
 
 def run(preset: str, steps: int, lr: float, replicas: int) -> str:
@@ -200,6 +211,23 @@ def run(preset: str, steps: int, lr: float, replicas: int) -> str:
         results = run_distributed(_run, world_size=1 + replicas, args=(path, steps, lr, [free_port(), free_port()]),
                                   timeout_s=3600)
     after = machine_state()
+    table, mismatches = delta_rows(results)
+    params = count_parameters(preset)
+    head = (f"`{preset}` preset ({params / 1e6:.1f}M parameters), one training rank (fp32 AdamW, lr {lr:g}, a "
+            f"cross-entropy step on a fresh random batch of 4 x 128 tokens per step) syncing to {replicas} generation "
+            f"rank(s) over a P2PChannel after each of {steps} steps; medians over the syncs after the first (a delta "
+            f"sync is a full one every 10th, included). Every delta sync's result equals the full sync's of the same "
+            f"step bit for bit ({mismatches} mismatches). fp32 matmul {before['gflops']:.0f} GFLOP/s before, "
+            f"{after['gflops']:.0f} after; 1-minute load average {before['load1']:.2f} before, {after['load1']:.2f} after.")
+    return head + "\n\n" + markdown_table(DELTA_HEADER, table)
+
+
+DELTA_HEADER = ["generation dtype", "transport", "sync", "full MB", "sent MB (median)", "of full",
+                "changed words, median (range)", "s per sync, median (range)"]
+
+
+def delta_rows(results: list[dict]) -> tuple[list[list], int]:
+    """Table rows from every rank's `_run` result (the sender's rows), and the delta syncs that differed."""
     sender = results[0]["rows"]
     mismatches = sum(r["mismatches"] for r in results)
     table = []
@@ -212,16 +240,94 @@ def run(preset: str, steps: int, lr: float, replicas: int) -> str:
                       f"{statistics.median(sent) / r['full_bytes']:.1%}",
                       f"{statistics.median(changed):.1%} ({min(changed):.1%}-{max(changed):.1%})" if mode == "delta" else "-",
                       f"{statistics.median(times):.3f} ({min(times):.3f}-{max(times):.3f})"])
+    return table, mismatches
+
+
+def _worker(spec_path: str, rank: int) -> None:
+    """One process of a --hosts run, on its host: join the run's process group over the host's
+    interface, run its part, leave the result next to the spec."""
+    import pickle
+
+    import torch
+    import torch.distributed as dist
+
+    with open(spec_path, "rb") as fh:
+        spec = pickle.load(fh)
+    torch.set_num_threads(1)
+    addr, world = spec["addr"], spec["world"]
+    dist.init_process_group("gloo", init_method=f"tcp://{addr}:{spec['pg_port']}", rank=rank, world_size=world)
+    if spec["mode"] == "fanout":
+        out = _fanout(rank, world, spec["shapes"], spec["repeats"], spec["ports"], addr=addr, transport="gloo")
+    else:
+        out = _run(rank, world, spec["path"], spec["steps"], spec["lr"], spec["ports"], addr=addr, kinds=("gloo",))
+    dist.barrier()
+    with open(f"{spec_path}.{rank}", "wb") as fh:
+        pickle.dump(out, fh)
+    dist.destroy_process_group()
+
+
+def _on_hosts(hosts, spec: dict, work: Path, name: str) -> list:
+    """Run the spec's processes on hosts 0 .. world - 1; every rank's result."""
+    import pickle
+
+    spec_path = work / name
+    with open(spec_path, "wb") as fh:
+        pickle.dump(spec, fh)
+    procs = [hosts.popen(i, [sys.executable, __file__, "--worker", str(spec_path), "--rank", str(i)],
+                         env={"GLOO_SOCKET_IFNAME": "eth0", "PYTHONPATH": str(ROOT)}, cwd=str(ROOT))
+             for i in range(spec["world"])]
+    for p in procs:
+        if p.wait(timeout=3600):
+            raise RuntimeError(f"{name}: a process on the hosts failed (exit {p.returncode})")
+    out = []
+    for i in range(spec["world"]):
+        with open(f"{spec_path}.{i}", "rb") as fh:
+            out.append(pickle.load(fh))
+    return out
+
+
+def run_hosts(preset: str, replicas: list[int], steps: int, lr: float, repeats: int, mbit: float) -> str:
+    import tempfile
+
+    import torch
+
+    from rlframe.data.tiny_model import build_random_model, count_parameters
+    from rlframe.utils.netns_hosts import NetnsHosts, unavailable
+
+    why = unavailable()
+    if why:
+        raise SystemExit(f"--hosts needs network namespaces: {why}")
+    before = machine_state()
+    with tempfile.TemporaryDirectory(dir="/tmp") as tmp, NetnsHosts(1 + max(replicas)) as hosts:
+        work = Path(tmp)
+        path = str(build_random_model(work / preset, preset=preset, seed=0))
+        from safetensors import safe_open
+
+        with safe_open(str(Path(path) / "model.safetensors"), "pt") as f:
+            shapes = {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}
+        for i in range(hosts.n):
+            hosts.limit_egress(i, mbit)
+        common = {"addr": hosts.ip(0), "pg_port": 29400, "ports": [29401, 29402]}
+        fan = {r: _on_hosts(hosts, {**common, "mode": "fanout", "world": 1 + r, "shapes": shapes, "repeats": repeats},
+                            work, f"fanout{r}")[0] for r in replicas}
+        delta = _on_hosts(hosts, {**common, "mode": "delta", "world": 2, "path": path, "steps": steps, "lr": lr},
+                          work, "delta")
+    after = machine_state()
+    model_mb = sum(torch.Size(s).numel() for s in shapes.values()) * 2 / MB
+    table, mismatches = delta_rows(delta)
     params = count_parameters(preset)
-    head = (f"`{preset}` preset ({params / 1e6:.1f}M parameters), one training rank (fp32 AdamW, lr {lr:g}, a "
-            f"cross-entropy step on a fresh random batch of 4 x 128 tokens per step) syncing to {replicas} generation "
-            f"rank(s) over a P2PChannel after each of {steps} steps; medians over the syncs after the first (a delta "
-            f"sync is a full one every 10th, included). Every delta sync's result equals the full sync's of the same "
-            f"step bit for bit ({mismatches} mismatches). fp32 matmul {before['gflops']:.0f} GFLOP/s before, "
-            f"{after['gflops']:.0f} after; 1-minute load average {before['load1']:.2f} before, {after['load1']:.2f} after.")
-    return head + "\n\n" + markdown_table(
-        ["generation dtype", "transport", "sync", "full MB", "sent MB (median)", "of full", "changed words, median (range)",
-         "s per sync, median (range)"], table)
+    return "\n\n".join([
+        f"Hosts made of network namespaces on this machine (rlframe/utils/netns_hosts.py), each host's outgoing "
+        f"traffic capped at {mbit:g} Mbit/s (a token bucket on its interface), gloo between them; the `{preset}` preset "
+        f"({params / 1e6:.1f}M parameters). fp32 matmul {before['gflops']:.0f} GFLOP/s before, {after['gflops']:.0f} "
+        f"after; 1-minute load average {before['load1']:.2f} before, {after['load1']:.2f} after.",
+        f"Fan-out: full bf16 syncs ({model_mb:.0f} MB) from the trainer on h0 to R replicas (tp 1, h1 .. hR), direct "
+        f"and chained alternating, {repeats} times each (buckets of 32 MiB).",
+        markdown_table(["replicas R", "fan-out", "s per sync, median (range)", "vs R = 1"], fanout_rows(fan)),
+        f"Delta: the trainer on h0 trains (fp32 AdamW, lr {lr:g}, {steps} steps, a fresh random batch of 4 x 128 "
+        f"tokens per step) and syncs to one replica on h1 after each step, full and delta alternating; every delta "
+        f"sync's result equals the full sync's bit for bit ({mismatches} mismatches).",
+        markdown_table(DELTA_HEADER, table)])
 
 
 def main() -> None:
@@ -231,9 +337,27 @@ def main() -> None:
     ap.add_argument("--lr", type=float, default=1e-6)
     ap.add_argument("--replicas", type=int, default=1)
     ap.add_argument("--fanout", default=None, help="comma-separated replica counts: measure fan-out instead")
+    ap.add_argument("--hosts", action="store_true", help="between network-namespace hosts (root)")
+    ap.add_argument("--link-mbit", type=float, default=1000.0)
+    ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--rank", type=int, default=0, help=argparse.SUPPRESS)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--no-write", action="store_true")
     args = ap.parse_args()
+    if args.worker:
+        _worker(args.worker, args.rank)
+        return
+    if args.hosts:
+        replicas = [int(x) for x in (args.fanout or "1,2,4").split(",")]
+        body = run_hosts(args.preset, replicas, args.steps, args.lr, args.repeats, args.link_mbit)
+        print(body)
+        if not args.no_write:
+            command = (f"python benchmarks/weight_sync.py --hosts --link-mbit {args.link_mbit:g} --fanout "
+                       f"{','.join(map(str, replicas))} --preset {args.preset} --steps {args.steps} --lr {args.lr:g} "
+                       f"--repeats {args.repeats}")
+            write_section(HOSTS_SECTION, f"Reproduce (as root): `{command}` (measured {time.strftime('%Y-%m-%d')})."
+                          f"\n\n{body}")
+        return
     if args.fanout:
         body = run_fanout(args.preset, [int(x) for x in args.fanout.split(",")], args.repeats)
         print(body)
