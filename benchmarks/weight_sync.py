@@ -126,7 +126,7 @@ def _sync(plan, local, channel, delta, got):
     return execute_plan(plan, local=local, consumer=keep, channel=channel, delta=delta)
 
 
-def _fanout(rank, world, path_shapes, repeats, ports, addr="127.0.0.1", transport="shm"):
+def _fanout(rank, world, path_shapes, repeats, ports, addr="127.0.0.1", transport="shm", bucket_mb=8):
     import torch
 
     from rlframe.resharding.channel import P2PChannel
@@ -150,13 +150,13 @@ def _fanout(rank, world, path_shapes, repeats, ports, addr="127.0.0.1", transpor
             torch.distributed.barrier()
             t0 = time.perf_counter()
             execute_plan(plans[chain], local=local, consumer=lambda pieces: None, channel=channel,
-                         bucket_bytes=32 << 20, relay=relay if chain else None)
+                         bucket_bytes=bucket_mb << 20, relay=relay if chain else None)
             torch.distributed.barrier()
             times[chain].append(time.perf_counter() - t0)
     return times
 
 
-def run_fanout(preset: str, replicas: list[int], repeats: int) -> str:
+def run_fanout(preset: str, replicas: list[int], repeats: int, bucket_mb: int) -> str:
     import tempfile
 
     import torch
@@ -171,13 +171,14 @@ def run_fanout(preset: str, replicas: list[int], repeats: int) -> str:
 
         with safe_open(str(Path(path) / "model.safetensors"), "pt") as f:
             shapes = {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}
-    rows = fanout_rows({r: run_distributed(_fanout, world_size=1 + r, args=(shapes, repeats, [free_port()]),
-                                           timeout_s=3600)[0] for r in replicas})
+    rows = fanout_rows({r: run_distributed(_fanout, world_size=1 + r, timeout_s=3600,
+                                           args=(shapes, repeats, [free_port()], "127.0.0.1", "shm", bucket_mb))[0]
+                        for r in replicas})
     after = machine_state()
     model_mb = sum(torch.Size(s).numel() for s in shapes.values()) * 2 / MB
     head = (f"Full bf16 syncs of the `{preset}` preset ({count_parameters(preset) / 1e6:.1f}M parameters, "
             f"{model_mb:.0f} MB) from one training rank to R generation replicas of tp 1 over shared memory "
-            f"(buckets of 32 MiB), direct and chained alternating, {repeats} times each; seconds per sync, median "
+            f"(buckets of {bucket_mb} MiB), direct and chained alternating, {repeats} times each; seconds per sync, median "
             f"(range), and the median against R = 1. 1 + R processes on this machine's 2 cores. fp32 matmul "
             f"{before['gflops']:.0f} GFLOP/s before, {after['gflops']:.0f} after; 1-minute load average "
             f"{before['load1']:.2f} before, {after['load1']:.2f} after.")
@@ -257,7 +258,8 @@ def _worker(spec_path: str, rank: int) -> None:
     addr, world = spec["addr"], spec["world"]
     dist.init_process_group("gloo", init_method=f"tcp://{addr}:{spec['pg_port']}", rank=rank, world_size=world)
     if spec["mode"] == "fanout":
-        out = _fanout(rank, world, spec["shapes"], spec["repeats"], spec["ports"], addr=addr, transport="gloo")
+        out = _fanout(rank, world, spec["shapes"], spec["repeats"], spec["ports"], addr=addr, transport="gloo",
+                      bucket_mb=spec["bucket_mb"])
     else:
         out = _run(rank, world, spec["path"], spec["steps"], spec["lr"], spec["ports"], addr=addr, kinds=("gloo",))
     dist.barrier()
@@ -286,7 +288,8 @@ def _on_hosts(hosts, spec: dict, work: Path, name: str) -> list:
     return out
 
 
-def run_hosts(preset: str, replicas: list[int], steps: int, lr: float, repeats: int, mbit: float) -> str:
+def run_hosts(preset: str, replicas: list[int], steps: int, lr: float, repeats: int, mbit: float,
+              bucket_mb: int) -> str:
     import tempfile
 
     import torch
@@ -308,8 +311,8 @@ def run_hosts(preset: str, replicas: list[int], steps: int, lr: float, repeats: 
         for i in range(hosts.n):
             hosts.limit_egress(i, mbit)
         common = {"addr": hosts.ip(0), "pg_port": 29400, "ports": [29401, 29402]}
-        fan = {r: _on_hosts(hosts, {**common, "mode": "fanout", "world": 1 + r, "shapes": shapes, "repeats": repeats},
-                            work, f"fanout{r}")[0] for r in replicas}
+        fan = {r: _on_hosts(hosts, {**common, "mode": "fanout", "world": 1 + r, "shapes": shapes, "repeats": repeats,
+                                    "bucket_mb": bucket_mb}, work, f"fanout{r}")[0] for r in replicas}
         delta = _on_hosts(hosts, {**common, "mode": "delta", "world": 2, "path": path, "steps": steps, "lr": lr},
                           work, "delta")
     after = machine_state()
@@ -322,7 +325,8 @@ def run_hosts(preset: str, replicas: list[int], steps: int, lr: float, repeats: 
         f"({params / 1e6:.1f}M parameters). fp32 matmul {before['gflops']:.0f} GFLOP/s before, {after['gflops']:.0f} "
         f"after; 1-minute load average {before['load1']:.2f} before, {after['load1']:.2f} after.",
         f"Fan-out: full bf16 syncs ({model_mb:.0f} MB) from the trainer on h0 to R replicas (tp 1, h1 .. hR), direct "
-        f"and chained alternating, {repeats} times each (buckets of 32 MiB).",
+        f"and chained alternating, {repeats} times each (buckets of {bucket_mb} MiB: a chain of R replicas takes "
+        f"about (buckets + R - 1) bucket times).",
         markdown_table(["replicas R", "fan-out", "s per sync, median (range)", "vs R = 1"], fanout_rows(fan)),
         f"Delta: the trainer on h0 trains (fp32 AdamW, lr {lr:g}, {steps} steps, a fresh random batch of 4 x 128 "
         f"tokens per step) and syncs to one replica on h1 after each step, full and delta alternating; every delta "
@@ -339,6 +343,7 @@ def main() -> None:
     ap.add_argument("--fanout", default=None, help="comma-separated replica counts: measure fan-out instead")
     ap.add_argument("--hosts", action="store_true", help="between network-namespace hosts (root)")
     ap.add_argument("--link-mbit", type=float, default=1000.0)
+    ap.add_argument("--bucket-mb", type=int, default=8, help="fan-out: bucket size")
     ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--rank", type=int, default=0, help=argparse.SUPPRESS)
     ap.add_argument("--repeats", type=int, default=5)
@@ -349,20 +354,21 @@ def main() -> None:
         return
     if args.hosts:
         replicas = [int(x) for x in (args.fanout or "1,2,4").split(",")]
-        body = run_hosts(args.preset, replicas, args.steps, args.lr, args.repeats, args.link_mbit)
+        body = run_hosts(args.preset, replicas, args.steps, args.lr, args.repeats, args.link_mbit, args.bucket_mb)
         print(body)
         if not args.no_write:
             command = (f"python benchmarks/weight_sync.py --hosts --link-mbit {args.link_mbit:g} --fanout "
                        f"{','.join(map(str, replicas))} --preset {args.preset} --steps {args.steps} --lr {args.lr:g} "
-                       f"--repeats {args.repeats}")
+                       f"--repeats {args.repeats} --bucket-mb {args.bucket_mb}")
             write_section(HOSTS_SECTION, f"Reproduce (as root): `{command}` (measured {time.strftime('%Y-%m-%d')})."
                           f"\n\n{body}")
         return
     if args.fanout:
-        body = run_fanout(args.preset, [int(x) for x in args.fanout.split(",")], args.repeats)
+        body = run_fanout(args.preset, [int(x) for x in args.fanout.split(",")], args.repeats, args.bucket_mb)
         print(body)
         if not args.no_write:
-            command = f"python benchmarks/weight_sync.py --fanout {args.fanout} --preset {args.preset} --repeats {args.repeats}"
+            command = (f"python benchmarks/weight_sync.py --fanout {args.fanout} --preset {args.preset} "
+                       f"--repeats {args.repeats} --bucket-mb {args.bucket_mb}")
             write_section(FANOUT_SECTION, f"Reproduce: `{command}` (measured {time.strftime('%Y-%m-%d')}).\n\n{body}")
         return
     body = run(args.preset, args.steps, args.lr, args.replicas)

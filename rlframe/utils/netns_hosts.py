@@ -248,11 +248,15 @@ class NetnsHosts:
                                f"{proc.stderr[-5000:]}")
         return proc
 
-    def limit_egress(self, i: int, mbit: float) -> None:
+    def limit_egress(self, i: int, mbit: float | None) -> None:
         """Cap what host i sends to `mbit` megabits per second (a token bucket on its eth0, as a NIC's
-        line rate caps a machine's outgoing traffic); what it receives is capped by the senders' caps."""
-        _sh("ip", "netns", "exec", self.ns(i), "tc", "qdisc", "replace", "dev", "eth0", "root", "tbf",
-            "rate", f"{mbit}mbit", "burst", "256kb", "latency", "100ms")
+        line rate caps a machine's outgoing traffic; what it receives is capped by the senders' caps);
+        None lifts the cap."""
+        tc = ["ip", "netns", "exec", self.ns(i), "tc", "qdisc"]
+        if mbit is None:
+            _sh(*tc, "del", "dev", "eth0", "root", check=False)
+        else:
+            _sh(*tc, "replace", "dev", "eth0", "root", "tbf", "rate", f"{mbit}mbit", "burst", "256kb", "latency", "100ms")
 
     def private_mount(self, i: int, path: str | os.PathLike) -> None:
         """Host i sees an empty directory at `path` instead of the shared one (storage it cannot see)."""

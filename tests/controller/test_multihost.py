@@ -155,3 +155,41 @@ def test_a_host_lost_mid_step_is_named_waited_for_and_the_run_resumes(hosts, two
     assert "the cluster has room for the run again" in out and "resumed from" in out and "step_000002" in out
     print(f"\nnode loss: killed h{lost}, back and resumed, run finished {recovered_s:.0f} s later")
     assert metrics(root / name) == metrics(root / "two-hosts")
+
+
+SINK = textwrap.dedent("""
+    import socket, sys
+    s = socket.create_server((sys.argv[1], int(sys.argv[2])))
+    c, _ = s.accept()
+    while c.recv(1 << 20):
+        pass
+""")
+SOURCE = textwrap.dedent("""
+    import socket, sys, time
+    c = socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=30)
+    t0 = time.perf_counter()
+    c.sendall(b"x" * (4 << 20))
+    c.shutdown(socket.SHUT_WR)
+    c.recv(1)
+    print(time.perf_counter() - t0)
+""")
+
+
+def _send_4mb(hosts: NetnsHosts, port: int) -> float:
+    sink = hosts.popen(1, [sys.executable, "-c", SINK, hosts.ip(1), str(port)])
+    time.sleep(1.0)
+    out = hosts.run(0, [sys.executable, "-c", SOURCE, hosts.ip(1), str(port)], timeout=60, check=True)
+    sink.wait(timeout=30)
+    return float(out.stdout.strip())
+
+
+def test_a_hosts_egress_cap_limits_what_it_sends(hosts):
+    """limit_egress: 4 MiB from h0 at 100 Mbit/s take at least 0.3 s (33.6 Mbit), several times what they take
+    uncapped (what benchmarks/weight_sync.py --hosts measures links with)."""
+    hosts.limit_egress(0, 100)
+    try:
+        capped = _send_4mb(hosts, 29611)
+    finally:
+        hosts.limit_egress(0, None)
+    free = _send_4mb(hosts, 29612)
+    assert capped >= 0.3 and capped > 3 * free, (capped, free)
