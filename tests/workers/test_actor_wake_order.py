@@ -60,7 +60,7 @@ class NoShards:
 def _actor(engine, *, stale: bool = True, lora: bool = False) -> ActorWorker:
     actor = ActorWorker.__new__(ActorWorker)  # no training engine or process group: only the generate step
     actor.rollout, actor.engine, actor._plan, actor.bucket_bytes = engine, NoShards(), None, 1 << 20
-    actor._weights_stale, actor.lora = stale, lora
+    actor._weights_stale, actor.lora, actor._delta = stale, lora, None
     return actor
 
 
@@ -70,7 +70,7 @@ PROMPTS = DataProto.from_dict(tensors={"input_ids": torch.ones(2, 3, dtype=torch
 
 @pytest.fixture
 def plan_runs(monkeypatch):
-    def execute_plan(plan, *, local, consumer, bucket_bytes):
+    def execute_plan(plan, *, local, consumer, bucket_bytes, delta=None):
         consumer([])
         return ReshardStats(rank=0)
 

@@ -18,7 +18,7 @@ def test_registry_returns_the_fsdp_backend_and_names_the_choices():
 
 @pytest.mark.parametrize("kwargs, match", [
     ({"head": "reward"}, "engine head 'reward' is unknown"),
-    ({"tp": 0}, r"dp \(1\), tp \(0\) and pp \(1\) must be >= 1"),
+    ({"tp": 0}, r"dp \(1\), sp \(1\), tp \(0\) and pp \(1\) must be >= 1"),
     ({"lr_schedule": "cosine", "total_steps": 5, "warmup_steps": 5}, r"total_steps \(5\) > warmup_steps \(5\)"),
     ({"max_tokens_per_micro_batch": 0}, "max_tokens_per_micro_batch must be >= 1"),
     ({"grad_clip": -1.0}, "grad_clip must be > 0 or None"),
