@@ -21,7 +21,10 @@ DST = Layout(tp=2, dp=1, ranks=(2, 3))
 KINDS = ("gloo", "shm", "file", "auto")
 
 
-def _sync(channel, plan, full, rank, delta=None) -> bool:
+def _sync(channel, plan, full, rank, delta=None, relay=None, expected=None):
+    """One sync of `full`'s slices (small buckets, both send paths): (whether this rank holds exactly
+    its slices of `expected`, default `full`, in their dtype; the executor's stats)."""
+    expected = full if expected is None else expected
     local = {n: full[n][b.slices()].clone() for (n, r), b in plan.src_boxes.items() if r == rank}
     got = {}
 
@@ -29,11 +32,14 @@ def _sync(channel, plan, full, rank, delta=None) -> bool:
         for n, b, t in pieces:
             got.setdefault(n, []).append((n, b, t.clone()))
 
-    execute_plan(plan, local=local, consumer=keep, bucket_bytes=2048, zero_copy_min_bytes=64, channel=channel,
-                 delta=delta)
-    boxes = {n: b for (n, r), b in plan.dst_boxes.items() if r == rank}
+    stats = execute_plan(plan, local=local, consumer=keep, bucket_bytes=2048, zero_copy_min_bytes=64,
+                         channel=channel, delta=delta, relay=relay)
+    mine = relay.mirror if relay else rank  # a chained replica holds what the first replica's rank does
+    boxes = {n: b for (n, r), b in plan.dst_boxes.items() if r == mine}
     held = assemble(got, boxes) if boxes else {}
-    return all(torch.equal(held[n], full[n][b.slices()]) for n, b in boxes.items())
+    exact = all(held[n].dtype == expected[n].dtype and torch.equal(held[n], expected[n][b.slices()])
+                for n, b in boxes.items())
+    return exact, stats
 
 
 def _run(rank, world, ports, directory):
@@ -46,12 +52,12 @@ def _run(rank, world, ports, directory):
     for kind, port in zip(KINDS, ports[:-1]):
         channel = P2PChannel(addr="127.0.0.1", port=port, rank=rank, world_size=world, timeout_s=60,
                              transport=kind, directory=directory)
-        out[kind] = _sync(channel, plan, full, rank)
+        out[kind] = _sync(channel, plan, full, rank)[0]
         if kind == "shm":
             delta, ok = DeltaState(full_every=5), []
             g = torch.Generator().manual_seed(0)
             for _ in range(3):
-                ok.append(_sync(channel, plan, full, rank, delta))
+                ok.append(_sync(channel, plan, full, rank, delta)[0])
                 full = {n: torch.where(torch.rand(t.shape, generator=g) < 0.02, t + 1, t) for n, t in full.items()}
             out["shm_delta"] = all(ok)
         torch.distributed.barrier()  # every rank done with this channel's files
@@ -63,14 +69,7 @@ def _run(rank, world, ports, directory):
     bf16 = plan_reshard({n: ParamMeta(m.shape, torch.bfloat16) for n, m in metas().items()}, src=SRC, dst=DST,
                         num_layers=DIMS.num_layers)
     fp32 = {n: t.float() for n, t in full_weights(seed=6).items()}
-    local = {n: fp32[n][b.slices()].clone() for (n, r), b in bf16.src_boxes.items() if r == rank}
-    got = {}
-    execute_plan(bf16, local=local, bucket_bytes=2048, zero_copy_min_bytes=64, channel=channel,
-                 consumer=lambda ps: [got.setdefault(n, []).append((n, b, t.clone())) for n, b, t in ps])
-    boxes = {n: b for (n, r), b in bf16.dst_boxes.items() if r == rank}
-    held = assemble(got, boxes) if boxes else {}
-    out["cast"] = all(held[n].dtype == torch.bfloat16 and torch.equal(held[n], fp32[n][b.slices()].bfloat16())
-                      for n, b in boxes.items())
+    out["cast"] = _sync(channel, bf16, fp32, rank, expected={n: t.bfloat16() for n, t in fp32.items()})[0]
     try:
         P2PChannel(addr="127.0.0.1", port=ports[-1], rank=rank, world_size=world, timeout_s=60, transport="nccl")
         out["nccl"] = "built"
@@ -95,29 +94,18 @@ def _chain(rank, world, port, replicas):
     replica only; the others get the same slices passed along the chain (full syncs, then delta)."""
     from rlframe.resharding.channel import P2PChannel
     from rlframe.resharding.delta import DeltaState
-    from rlframe.resharding.executor import Relay
+    from rlframe.workers.weight_plan import relay_of, split_generation_layout
 
-    first = Layout(tp=2, dp=1, ranks=(2, 3))
+    first = split_generation_layout(SRC, tp=2, world=2 * replicas, chain=True)
     plan = plan_reshard(metas(), src=SRC, dst=first, num_layers=DIMS.num_layers)
-    relay = None
-    if rank >= 2:
-        r, j = divmod(rank - 2, 2)
-        relay = Relay(mirror=2 + j, upstream=None if r == 0 else 2 + (r - 1) * 2 + j,
-                      downstream=2 + (r + 1) * 2 + j if r + 1 < replicas else None)
+    relay = relay_of(SRC, tp=2, world=2 * replicas, channel_rank=rank) if rank >= 2 else None
     channel = P2PChannel(addr="127.0.0.1", port=port, rank=rank, world_size=world, timeout_s=60, transport="auto")
     full, g = full_weights(seed=4), torch.Generator().manual_seed(5)  # the same on every rank
     out = []
     for delta in (None, DeltaState(full_every=3)):
         for _ in range(2 if delta is not None else 1):
-            local = {n: full[n][b.slices()].clone() for (n, r), b in plan.src_boxes.items() if r == rank}
-            got = {}
-            stats = execute_plan(plan, local=local, bucket_bytes=2048, zero_copy_min_bytes=64, channel=channel,
-                                 delta=delta, relay=relay,
-                                 consumer=lambda ps: [got.setdefault(n, []).append((n, b, t.clone())) for n, b, t in ps])
-            boxes = {n: b for (n, r), b in plan.dst_boxes.items() if r == (relay.mirror if relay else rank)}
-            held = assemble(got, boxes) if rank >= 2 else {}
-            out.append({"exact": all(torch.equal(held[n], full[n][b.slices()]) for n, b in boxes.items())
-                        if rank >= 2 else True, "sent": stats.bytes_sent})
+            exact, stats = _sync(channel, plan, full, rank, delta, relay)
+            out.append({"exact": exact, "sent": stats.bytes_sent})
             full = {n: t + (torch.rand(t.shape, generator=g) < 0.05) for n, t in full.items()}
     torch.distributed.barrier()  # rank 0 holds the channel's store until every rank is done
     return out
@@ -128,7 +116,7 @@ def test_chained_replicas_get_what_direct_sends_give():
     results = run_distributed(_chain, world_size=2 + 2 * replicas, args=(free_port(), replicas), timeout_s=240)
     for rank, syncs in enumerate(results):
         assert all(s["exact"] for s in syncs), (rank, syncs)
-    plan = plan_reshard(metas(), src=SRC, dst=Layout(tp=2, dp=1, ranks=(2, 3)), num_layers=DIMS.num_layers)
+    plan = plan_reshard(metas(), src=SRC, dst=DST, num_layers=DIMS.num_layers)
     once = sum(plan.bytes_received(r) for r in (2, 3))
     # the training ranks send each slice once, whatever the number of replicas; replicas but the last forward
     assert sum(results[r][0]["sent"] for r in (0, 1)) == once
