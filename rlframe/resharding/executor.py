@@ -129,6 +129,7 @@ def _word(msg: list[Transfer], plan: Plan) -> int:
 
 def _post_sends(sends, plan, local, rank, arena, used, group, stats, min_bytes) -> tuple[list, int, list]:
     ops, words = [], []
+    cast = 0  # bytes of the cast copies this bucket holds until its sends complete
     for peer in sorted(sends):
         for msg in _messages(sends[peer], plan, min_bytes):
             words.append(_word(msg, plan))
@@ -140,7 +141,8 @@ def _post_sends(sends, plan, local, rank, arena, used, group, stats, min_bytes) 
                     stats.bytes_sent_zero_copy += buf.numel()
                 else:  # the plan's dtype is the sync's (fp32 shards sent as bf16): cast this piece alone
                     buf = view.to(dtype).reshape(-1).view(torch.uint8)
-                    stats.peak_extra_bytes = max(stats.peak_extra_bytes, arena.numel() + buf.numel())
+                    cast += buf.numel()
+                    stats.peak_extra_bytes = max(stats.peak_extra_bytes, arena.numel() + cast)
             else:
                 placed, total = _layout(msg, plan)
                 buf = arena[used:used + total]
