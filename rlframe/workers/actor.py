@@ -44,7 +44,7 @@ class ActorWorker(TrainedRole):
         self.set_mesh(train_mesh(actor))
         self.rollout, self._delta = None, None
         if rollout is not None:
-            self._delta = delta_state(None if self.lora else rollout.delta_syncs())  # adapters: full
+            self._delta = delta_state(rollout.delta_syncs(), lora=self.lora)
             self.set_mesh(Mesh.of(dp=self.world_size // rollout.tp, tp=rollout.tp), name="rollout")
             on_gpu = self.engine.device.type == "cuda"
             self.rollout = build_rollout_engine(model_path, config=rollout_config(
@@ -159,7 +159,7 @@ class ActorWorker(TrainedRole):
         self._split_plan = vllm_plan(self._synced_metas(), src=src, model_path=self.model_path,
                                      dst=split_generation_layout(src, tp=gen_tp, world=gen_world, chain=chain))
         self.bucket_bytes = bucket_bytes
-        self._delta = delta_state(None if self.lora else delta_full_every)  # adapters change whole: full
+        self._delta = delta_state(delta_full_every, lora=self.lora)
 
     @register(dispatch=Dispatch.ONE_TO_ALL)
     def weights_stale(self) -> bool:

@@ -75,11 +75,12 @@ def rollout_load_format(section: RolloutSection, actor: TrainRoleConfig | None) 
     return "dummy"
 
 
-def delta_state(full_every: int | None):
-    """A sync's delta state (kept from sync to sync on each rank), or None for full syncs."""
+def delta_state(full_every: int | None, *, lora: bool):
+    """A sync's delta state (kept from sync to sync on each rank), or None for full syncs: always for a
+    LoRA sync, whose adapters change whole at every step (both sides of a sync decide alike)."""
     from rlframe.resharding.delta import DeltaState
 
-    return None if full_every is None else DeltaState(full_every=full_every)
+    return None if full_every is None or lora else DeltaState(full_every=full_every)
 
 
 def sync_metrics(stats, delta) -> dict[str, float]:

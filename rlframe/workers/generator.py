@@ -48,7 +48,7 @@ class GeneratorWorker(Worker):
         self._relay = relay_of(train_layout, tp=self.tp, world=self.world_size,
                                channel_rank=self._channel.rank) if chain else None
         self.bucket_bytes = bucket_bytes
-        self._delta = delta_state(None if self.lora_config else delta_full_every)  # as the actor decides
+        self._delta = delta_state(delta_full_every, lora=self.lora_config is not None)
 
     @register(dispatch=Dispatch.ONE_TO_ALL)
     def receive_weights(self) -> dict[str, float]:

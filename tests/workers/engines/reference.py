@@ -177,3 +177,14 @@ def compare_forward_and_step(engine, mine, rows, ref, errors: dict, tag: str, *,
     new = engine.full_state_dict()
     assert new.keys() == ref["step"]["state"].keys(), sorted(set(new) ^ set(ref["step"]["state"]))
     errors[f"{tag}/new_weights"] = max(max_abs_diff(new[k], ref["step"]["state"][k]) for k in new)
+
+
+def single_process(path, head: str, batch, *, temperature: float = 1.0, **hp) -> dict:
+    """The one-process truth an engine layout is compared with: the initial weights, the outputs on
+    `batch` (log-probs at `temperature` for "lm"), and one full-batch step (`reference_step`, `hp`)."""
+    model = build_reference(path, head=head)
+    init = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    with torch.no_grad():
+        out = reference_outputs(model, batch, head=head, temperature=temperature if head == "lm" else 1.0)
+    step = reference_step(model, batch, policy_loss if head == "lm" else value_loss, head=head, **hp)
+    return {"init": init, "out": out, "step": step}

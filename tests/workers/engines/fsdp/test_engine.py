@@ -20,7 +20,7 @@ import torch
 from rlframe.utils.spawn import run_distributed
 from tests.workers.engines.reference import (
     box_errors, build_reference, compare_forward_and_step, dp_slice, engine_on_mesh, make_batch, max_abs_diff,
-    policy_loss, reference_outputs, reference_step, sft_loss, value_loss,
+    policy_loss, reference_outputs, sft_loss, single_process, value_loss,
 )
 
 TOL = 1e-5
@@ -74,16 +74,6 @@ def _check_layout(path, head, dp, tp, world, batch, ref, errors, tag, **override
     return engine
 
 
-def _reference(path, head, batch):
-    model = build_reference(path, head=head)
-    init = {k: v.detach().clone() for k, v in model.state_dict().items()}
-    with torch.no_grad():
-        out = reference_outputs(model, batch, head=head)
-    loss_fn = policy_loss if head == "lm" else value_loss
-    step = reference_step(model, batch, loss_fn, head=head, **HP)
-    return {"init": init, "out": out, "step": step}
-
-
 def _invariants(path, world, batch, ref, errors):
     """1 x 8 == 8 x 1 == token-budget micro-batches; packed == padded; non-finite step skipped."""
     states = {}
@@ -113,8 +103,8 @@ def _all_layouts(rank, world, paths, out_dir):
 
     batch = make_batch()
     errors: dict[str, float] = {}
-    refs = {("qwen2", h): _reference(paths["qwen2"], h, batch) for h in ("lm", "value")}
-    refs[("llama", "lm")] = _reference(paths["llama"], "lm", batch)
+    refs = {("qwen2", h): single_process(paths["qwen2"], h, batch, **HP) for h in ("lm", "value")}
+    refs[("llama", "lm")] = single_process(paths["llama"], "lm", batch, **HP)
     for dp, tp in LAYOUTS:
         # dp2 layouts split by a token budget: ranks get different micro-batch counts (fillers).
         extra = {"max_tokens_per_micro_batch": 20} if dp == 2 else {}

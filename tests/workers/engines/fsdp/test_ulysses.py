@@ -15,10 +15,7 @@ import pytest
 import torch
 
 from rlframe.utils.spawn import run_distributed
-from tests.workers.engines.reference import (
-    box_errors, build_reference, compare_forward_and_step, dp_slice, make_batch, policy_loss, reference_outputs,
-    reference_step, value_loss,
-)
+from tests.workers.engines.reference import box_errors, compare_forward_and_step, dp_slice, make_batch, single_process
 
 TOL = 1e-5
 HP = dict(lr=1e-3, weight_decay=0.1, eps=1e-6, grad_clip=1.0)
@@ -52,15 +49,6 @@ def _engine(path, *, dp, sp, tp, world, head, **config):
     return get_train_engine("fsdp")(cfg, device_mesh=mesh["dp", "sp", "tp"])
 
 
-def _reference(path, head, batch):
-    model = build_reference(path, head=head)
-    init = {k: v.detach().clone() for k, v in model.state_dict().items()}
-    with torch.no_grad():
-        out = reference_outputs(model, batch, head=head, temperature=TEMPERATURE if head == "lm" else 1.0)
-    step = reference_step(model, batch, policy_loss if head == "lm" else value_loss, head=head, **HP)
-    return {"init": init, "out": out, "step": step}
-
-
 def _check(path, head, case, world, batch, ref, errors, tag=""):
     dp, sp, tp, extra = case
     tag = tag or f"{head}/dp{dp}sp{sp}tp{tp}/{','.join(f'{k}={v}' for k, v in extra.items()) or 'packed'}"
@@ -73,7 +61,7 @@ def _check(path, head, case, world, batch, ref, errors, tag=""):
 
 def _all_cases(rank, world, path):
     batch = make_batch()
-    refs = {head: _reference(path, head, batch) for head in ("lm", "value")}
+    refs = {head: single_process(path, head, batch, temperature=TEMPERATURE, **HP) for head in ("lm", "value")}
     errors: dict[str, float] = {}
     for case in CASES:
         _check(path, "lm", case, world, batch, refs["lm"], errors)
@@ -81,7 +69,7 @@ def _all_cases(rank, world, path):
         _check(path, "value", case, world, batch, refs["value"], errors)
     # one sequence (rows of one sequence each: plain causal attention, no mask), columns not divisible by sp
     one = make_batch(batch_size=1, prompt_len=7, response_len=6)
-    _check(path, "lm", (1, 2, 1, {}), world, one, _reference(path, "lm", one), errors, tag="one_sequence")
+    _check(path, "lm", (1, 2, 1, {}), world, one, single_process(path, "lm", one, temperature=TEMPERATURE, **HP), errors, tag="one_sequence")
     errors.update(_wrapped_attention())
     from rlframe.workers.engines import TrainEngineConfig, get_train_engine
 
