@@ -47,6 +47,7 @@ POSITIVE_INT = at_least(1)
 # torch, and a config error must be reported before that second is spent.
 LR_SCHEDULES = ("constant", "cosine")
 PRECISIONS = ("auto", "fp32", "bf16")
+WEIGHT_TRANSPORTS = ("auto", "gloo", "shm", "file", "nccl")  # rlframe/resharding/transport.py
 
 _TRAIN_ROLE = {
     "dp": POSITIVE_INT, "tp": POSITIVE_INT, "pp": POSITIVE_INT, "sp": POSITIVE_INT, "cp": POSITIVE_INT,
@@ -146,7 +147,7 @@ def _choices() -> dict[str, tuple]:
     return {"model.tiny_preset": tuple(sorted(PRESETS)), "data.task": (None, *TASKS, TOOL_TASK), **roles,
             "rollout.backend": ("auto", "vllm", "hf"), "rollout.load_format": ("auto", "real"),
             "rollout.weight_sync": ("full", "delta"),
-            "rollout.weight_transport": ("auto", "gloo", "shm", "file", "nccl"),
+            "rollout.weight_transport": WEIGHT_TRANSPORTS,
             "rollout.weight_fanout": ("direct", "chain"),
             "reward.ensemble": ("mean", "min"),
             "resources.placement": ("colocated", "split"), "trainer.loggers": SINKS,

@@ -149,7 +149,3 @@ def _index_bytes(count: int) -> int:
     """Bytes of `count` int32 indices, padded to a multiple of 8."""
     return -(-count * INDEX_BYTES // 8) * 8
 
-
-def message_word(itemsizes) -> int:
-    """The word a message is compared in: the smallest element size among its pieces."""
-    return min(itemsizes)

@@ -33,7 +33,8 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-TRANSPORTS = ("auto", "gloo", "shm", "file", "nccl")
+from rlframe.config.ranges import WEIGHT_TRANSPORTS
+
 SHM_ROOT = "/dev/shm"
 
 
@@ -158,8 +159,8 @@ def build_transport(kind: str, *, store, rank: int, world_size: int, timeout: ti
                     directory: str | None = None):
     """The transport of `kind` for this rank (collective over the channel's ranks: every rank calls it
     with the same kind). `name` keeps the message files of two channels apart."""
-    if kind not in TRANSPORTS:
-        raise ValueError(f"rollout.weight_transport={kind!r} is unknown; use one of {TRANSPORTS}")
+    if kind not in WEIGHT_TRANSPORTS:
+        raise ValueError(f"rollout.weight_transport={kind!r} is unknown; use one of {WEIGHT_TRANSPORTS}")
     if kind in ("auto", "gloo", "nccl"):  # auto: gloo (see the module docstring)
         return ProcessGroupTransport(store, rank, world_size, timeout, backend="gloo" if kind == "auto" else kind)
     if rank == 0:
