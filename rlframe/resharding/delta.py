@@ -148,4 +148,3 @@ class DeltaState:
 def _index_bytes(count: int) -> int:
     """Bytes of `count` int32 indices, padded to a multiple of 8."""
     return -(-count * INDEX_BYTES // 8) * 8
-
