@@ -156,6 +156,14 @@ def _fanout(rank, world, path_shapes, repeats, ports, addr="127.0.0.1", transpor
     return times
 
 
+def _param_shapes(path) -> dict[str, tuple[int, ...]]:
+    """{name: shape} of the model's parameters, read from its safetensors header."""
+    from safetensors import safe_open
+
+    with safe_open(str(Path(path) / "model.safetensors"), "pt") as f:
+        return {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}
+
+
 def run_fanout(preset: str, replicas: list[int], repeats: int, bucket_mb: int) -> str:
     import tempfile
 
@@ -167,10 +175,7 @@ def run_fanout(preset: str, replicas: list[int], repeats: int, bucket_mb: int) -
     before = machine_state()
     with tempfile.TemporaryDirectory() as tmp:
         path = build_random_model(Path(tmp) / preset, preset=preset, seed=0)
-        from safetensors import safe_open
-
-        with safe_open(str(Path(path) / "model.safetensors"), "pt") as f:
-            shapes = {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}
+        shapes = _param_shapes(path)
     rows = fanout_rows({r: run_distributed(_fanout, world_size=1 + r, timeout_s=3600,
                                            args=(shapes, repeats, [free_port()], "127.0.0.1", "shm", bucket_mb))[0]
                         for r in replicas})
@@ -304,10 +309,7 @@ def run_hosts(preset: str, replicas: list[int], steps: int, lr: float, repeats: 
     with tempfile.TemporaryDirectory(dir="/tmp") as tmp, NetnsHosts(1 + max(replicas)) as hosts:
         work = Path(tmp)
         path = str(build_random_model(work / preset, preset=preset, seed=0))
-        from safetensors import safe_open
-
-        with safe_open(str(Path(path) / "model.safetensors"), "pt") as f:
-            shapes = {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}
+        shapes = _param_shapes(path)
         for i in range(hosts.n):
             hosts.limit_egress(i, mbit)
         common = {"addr": hosts.ip(0), "pg_port": 29400, "ports": [29401, 29402]}
