@@ -10,7 +10,9 @@ random batch each step: real gradients) and after every step syncs it to --repli
 (tp 1: each holds the whole model) through `execute_plan` on a `P2PChannel`, as an actor sends to its
 generation group. Per step, alternating in one run: for each generation dtype (fp32; bf16, the
 master weights cast as the actor casts them) a full sync and a delta sync (rlframe/resharding/delta.py,
-a full one every 10), over gloo and over shared memory. Every delta sync is checked bit-identical to
+a full one every 10), over gloo and over shared-memory rings (which of the two goes first alternates
+step by step: the sync right after another one's is slower, whatever the transport). Every delta sync is
+checked bit-identical to
 the full one of the same step. The first sync of each kind (a full one for delta) is left out of the
 medians. The table: bytes sent per sync, changed fraction, time per sync (median and spread).
 
@@ -90,7 +92,8 @@ def _run(rank, world, path, steps, lr, ports, addr="127.0.0.1", kinds=("gloo", "
             local = ({n: p.detach().to(getattr(torch, dtype)).contiguous() for n, p in model.named_parameters()}
                      if rank == 0 else {})
             held = {}
-            for r in (r for r in runs if r[0] == dtype):
+            order = kinds if step % 2 == 0 else kinds[::-1]  # which transport goes first alternates by step
+            for r in sorted((r for r in runs if r[0] == dtype), key=lambda r: order.index(r[2])):
                 got = {}
                 torch.distributed.barrier()
                 t0 = time.perf_counter()
@@ -222,7 +225,9 @@ def run(preset: str, steps: int, lr: float, replicas: int) -> str:
     head = (f"`{preset}` preset ({params / 1e6:.1f}M parameters), one training rank (fp32 AdamW, lr {lr:g}, a "
             f"cross-entropy step on a fresh random batch of 4 x 128 tokens per step) syncing to {replicas} generation "
             f"rank(s) over a P2PChannel after each of {steps} steps; medians over the syncs after the first (a delta "
-            f"sync is a full one every 10th, included). Every delta sync's result equals the full sync's of the same "
+            f"sync is a full one every 10th, included); gloo over loopback and shm rings (rollout.weight_transport=shm, "
+            f"what auto picks for two ranks on one host), which one goes first alternating step by step. Every delta "
+            f"sync's result equals the full sync's of the same "
             f"step bit for bit ({mismatches} mismatches). fp32 matmul {before['gflops']:.0f} GFLOP/s before, "
             f"{after['gflops']:.0f} after; 1-minute load average {before['load1']:.2f} before, {after['load1']:.2f} after.")
     return head + "\n\n" + markdown_table(DELTA_HEADER, table)

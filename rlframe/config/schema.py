@@ -156,10 +156,10 @@ class RolloutSection:
     # full. Each side then keeps a copy of what it sends or receives (rlframe/resharding/delta.py).
     weight_sync: str = "full"
     delta_full_every: int = 10
-    # How split placement's weight channel moves bytes (rlframe/resharding/transport.py): auto (gloo for
-    # now: measured faster than shm here); gloo (TCP); shm (files in /dev/shm, ranks on one host); file
-    # (safetensors files in weight_transport_dir, storage every rank mounts); nccl (GPU clusters; not in
-    # this CPU build).
+    # How split placement's weight channel moves bytes (rlframe/resharding/transport.py): auto (per pair
+    # of ranks: shm on one host, gloo between hosts); gloo (TCP); shm (rings in /dev/shm, every rank on
+    # one host); file (safetensors files in weight_transport_dir, storage every rank mounts); nccl (GPU
+    # clusters; not in this CPU build).
     weight_transport: str = "auto"
     weight_transport_dir: str | None = None
     # Split placement with several generation replicas: direct = the training ranks send every replica

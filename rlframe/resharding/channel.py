@@ -21,15 +21,17 @@ from rlframe.resharding.transport import build_transport
 class P2PChannel:
     """`rank` in the channel's numbering; `start(ops)` posts [(is_send, uint8 buffer, peer)] on the
     transport `transport` names (collective: every rank of both groups opens the channel with the same
-    address, port and transport) and returns the requests to wait on."""
+    address, port and transport) and returns the requests to wait on. `ring_room`: the free shared memory
+    transport=auto wants on a host before it joins that host's pairs by shm rings (a few buckets' worth)."""
 
     def __init__(self, *, addr: str, port: int, rank: int, world_size: int, timeout_s: float = 1800.0,
-                 transport: str = "gloo", directory: str | None = None):
+                 transport: str = "gloo", directory: str | None = None, ring_room: int = 1 << 30):
         timeout = timedelta(seconds=timeout_s)
         self.rank, self.world_size, self.kind = rank, world_size, transport
         self._store = dist.TCPStore(addr, port, world_size, is_master=rank == 0, timeout=timeout)
         self.transport = build_transport(transport, store=self._store, rank=rank, world_size=world_size,
-                                         timeout=timeout, name=f"rlframe-weights-{port}", directory=directory)
+                                         timeout=timeout, name=f"rlframe-weights-{port}", directory=directory,
+                                         address=(addr, port), ring_room=ring_room)
 
     def start(self, ops: list[tuple[bool, torch.Tensor, int]]) -> list:
         return self.transport.start(ops)

@@ -155,7 +155,8 @@ class ActorWorker(TrainedRole):
         collective with the generation group's `join_weight_channel`."""
         src = self.engine.resharding_layout()
         self._channel = P2PChannel(addr=addr, port=port, rank=self.rank, world_size=src.size + gen_world,
-                                   timeout_s=timeout_s, transport=transport, directory=directory)
+                                   timeout_s=timeout_s, transport=transport, directory=directory,
+                                   ring_room=4 * bucket_bytes)
         self._split_plan = vllm_plan(self._synced_metas(), src=src, model_path=self.model_path,
                                      dst=split_generation_layout(src, tp=gen_tp, world=gen_world, chain=chain))
         self.bucket_bytes = bucket_bytes

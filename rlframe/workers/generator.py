@@ -42,7 +42,7 @@ class GeneratorWorker(Worker):
         """Join the channel after the training group's ranks and plan the same sync they planned."""
         self._channel = P2PChannel(addr=addr, port=port, rank=train_layout.size + self.rank,
                                    world_size=train_layout.size + self.world_size, timeout_s=timeout_s,
-                                   transport=transport, directory=directory)
+                                   transport=transport, directory=directory, ring_room=4 * bucket_bytes)
         dst = split_generation_layout(train_layout, tp=self.tp, world=self.world_size, chain=chain)
         self._plan = vllm_plan(metas, src=train_layout, dst=dst, model_path=self.model_path)
         self._relay = relay_of(train_layout, tp=self.tp, world=self.world_size,

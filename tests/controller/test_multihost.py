@@ -10,13 +10,16 @@ the driver in h0. Root only (CI runs as root); skipped elsewhere with the reason
   sends its collectives over the network;
 - a host lost mid-step (its raylet and every process on it killed): the driver names the node and
   waits; the host comes back; the run resumes from the newest checkpoint and ends with the metrics
-  of the uninterrupted run.
+  of the uninterrupted run;
+- the weight channel (rollout.weight_transport=auto) joins ranks on one host by shared-memory rings
+  and ranks on different hosts by gloo, in one sync.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
 import textwrap
 import time
@@ -193,3 +196,38 @@ def test_a_hosts_egress_cap_limits_what_it_sends(hosts):
         hosts.limit_egress(0, None)
     free = _send_4mb(hosts, 29612)
     assert capped >= 0.3 and capped > 3 * free, (capped, free)
+
+
+CHANNEL_RANK = """
+import json, sys
+import torch
+from rlframe.resharding.channel import P2PChannel
+from rlframe.resharding.planner import plan_reshard
+from tests.resharding.pairs import DIMS, full_weights, metas
+from tests.resharding.test_transport import DST, SRC, _sync
+rank, addr, port = int(sys.argv[1]), sys.argv[2], int(sys.argv[3])
+channel = P2PChannel(addr=addr, port=port, rank=rank, world_size=4, timeout_s=60, transport="auto")
+t = channel.transport
+shm = sorted(t.by_peer) if hasattr(t, "by_peer") else []
+plan = plan_reshard(metas(), src=SRC, dst=DST, num_layers=DIMS.num_layers)
+exact = _sync(channel, plan, full_weights(seed=3), rank)[0]
+channel._store.set(f"done/{rank}", "1")
+if rank == 0:  # it holds the store until every rank is done
+    channel._store.wait([f"done/{r}" for r in range(4)])
+print(json.dumps({"shm": shm, "exact": exact}))
+"""
+
+
+def test_the_weight_channel_joins_one_hosts_ranks_by_shm_and_hosts_by_gloo(hosts):
+    """Channel ranks 0 and 2 on h0, 1 and 3 on h1 (training dp2 = ranks 0-1, generation tp2 = ranks 2-3): auto
+    gives each rank shm rings with its host's other rank only (each host has its own /dev/shm and address),
+    gloo to the rest, and the sync puts exactly its slices on ranks 2 and 3."""
+    port = 29613
+    procs = [hosts.popen(rank % 2, [sys.executable, "-c", CHANNEL_RANK, str(rank), hosts.ip(0), str(port)],
+                         env={"GLOO_SOCKET_IFNAME": "eth0"},  # as the job's workers bind gloo (controller/host.py)
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO) for rank in range(4)]
+    outs = [p.communicate(timeout=120) for p in procs]
+    assert all(p.returncode == 0 for p in procs), [err[-2000:] for _, err in outs]
+    got = [json.loads(out.strip().splitlines()[-1]) for out, _ in outs]
+    assert [g["shm"] for g in got] == [[2], [3], [0], [1]], got
+    assert all(g["exact"] for g in got), got

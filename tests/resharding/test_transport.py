@@ -1,11 +1,11 @@
-"""Every transport of the weight channel moves the same bytes (transport.py), on 4 real processes.
+"""Every transport of the weight channel moves the same bytes (transport.py), on real processes.
 
 Ranks 0-1 play the training group (FSDP dp2 shards), ranks 2-3 the generation group (tp2); one
 channel per transport (gloo, shm, file, auto) runs the same cross-group plan with small buckets, and
 each generation rank checks it holds exactly its slices; the shm channel then runs three delta syncs.
 """
 
-import os
+import glob
 
 import pytest
 import torch
@@ -42,6 +42,35 @@ def _sync(channel, plan, full, rank, delta=None, relay=None, expected=None):
     return exact, stats
 
 
+def _rings(channel, rank):
+    """Ranks 0 and 2 send each other 60 messages through the shm rings at once, each side posting all of
+    its sends and receives first and waiting on the receives last to first: sizes from 0 bytes to 3x the
+    first ring (the rings wrap around and grow while the other side reads), int64 and uint8 messages.
+    Whether every message arrives whole and in its place."""
+    from rlframe.resharding.transport import MIN_RING
+
+    if rank not in (0, 2):
+        return True
+    peer, g = 2 - rank, torch.Generator().manual_seed(11)
+    sizes = [int(x) for x in torch.randint(0, MIN_RING // 3, (60,), generator=g)]
+    sizes[7], sizes[30], sizes[31] = 0, 3 * MIN_RING, MIN_RING + 1
+
+    def message(src, i):
+        n = sizes[i]
+        return torch.arange(n // 8, dtype=torch.int64) * (src + 1) + i if i % 2 else \
+            (torch.arange(n, dtype=torch.int64) * 7 + src + i).to(torch.uint8)
+
+    sends = [message(rank, i) for i in range(60)]
+    got = [torch.empty_like(message(peer, i)) for i in range(60)]
+    reqs = []
+    for i in range(0, 60, 4):  # in batches, sends and receives interleaved
+        ops = [op for j in range(i, i + 4) for op in ((True, sends[j], peer), (False, got[j], peer))]
+        reqs += channel.start(ops)
+    for req in reversed(reqs):
+        req.wait()
+    return all(torch.equal(got[i], message(peer, i)) for i in range(60))
+
+
 def _run(rank, world, ports, directory):
     from rlframe.resharding.channel import P2PChannel
     from rlframe.resharding.delta import DeltaState
@@ -60,9 +89,10 @@ def _run(rank, world, ports, directory):
                 ok.append(_sync(channel, plan, full, rank, delta)[0])
                 full = {n: torch.where(torch.rand(t.shape, generator=g) < 0.02, t + 1, t) for n, t in full.items()}
             out["shm_delta"] = all(ok)
+            out["rings"] = _rings(channel, rank)
         torch.distributed.barrier()  # every rank done with this channel's files
-        if kind == "shm":
-            out["shm_left"] = sorted(os.listdir(channel.transport.directory))
+        if kind == "shm":  # every ring was mapped by its receiver, which removed its file
+            out["shm_left"] = glob.glob(channel.transport.prefix + "*")
     # fp32 shards, a bf16 plan: each piece is cast as it is sent (packed or straight from the shard)
     from rlframe.resharding.planner import ParamMeta
 
@@ -83,7 +113,7 @@ def test_every_transport_moves_the_same_bytes(tmp_path):
     results = run_distributed(_run, world_size=4, args=(ports, str(tmp_path)), timeout_s=240)
     for rank, res in enumerate(results):
         assert all(res[k] for k in KINDS), (rank, res)
-        assert res["shm_delta"] and res["shm_left"] == [] and res["cast"], (rank, res)
+        assert res["shm_delta"] and res["rings"] and res["shm_left"] == [] and res["cast"], (rank, res)
         if not torch.distributed.is_nccl_available():
             assert "is_nccl_available() is False" in res["nccl"], res["nccl"]
     assert list(tmp_path.rglob("*.safetensors")) == []  # every file message was read and removed
@@ -99,9 +129,12 @@ def _chain(rank, world, port, replicas):
     first = split_generation_layout(SRC, tp=2, world=2 * replicas, chain=True)
     plan = plan_reshard(metas(), src=SRC, dst=first, num_layers=DIMS.num_layers)
     relay = relay_of(SRC, tp=2, world=2 * replicas, channel_rank=rank) if rank >= 2 else None
-    channel = P2PChannel(addr="127.0.0.1", port=port, rank=rank, world_size=world, timeout_s=60, transport="auto")
+    # auto, with rank 3 short of shared memory (it asks for more room than any host has): its pairs go
+    # over gloo, every other pair over shm rings, in one channel
+    channel = P2PChannel(addr="127.0.0.1", port=port, rank=rank, world_size=world, timeout_s=60, transport="auto",
+                         ring_room=1 << 62 if rank == 3 else 1 << 20)
     full, g = full_weights(seed=4), torch.Generator().manual_seed(5)  # the same on every rank
-    out = []
+    out = [type(channel.transport).__name__]
     for delta in (None, DeltaState(full_every=3)):
         for _ in range(2 if delta is not None else 1):
             exact, stats = _sync(channel, plan, full, rank, delta, relay)
@@ -114,6 +147,9 @@ def _chain(rank, world, port, replicas):
 def test_chained_replicas_get_what_direct_sends_give():
     replicas = 3
     results = run_distributed(_chain, world_size=2 + 2 * replicas, args=(free_port(), replicas), timeout_s=240)
+    assert [kinds for kinds, *_ in results] == ["PairTransport"] * 3 + ["ProcessGroupTransport"] + \
+        ["PairTransport"] * (2 * replicas - 2)
+    results = [syncs for _, *syncs in results]
     for rank, syncs in enumerate(results):
         assert all(s["exact"] for s in syncs), (rank, syncs)
     plan = plan_reshard(metas(), src=SRC, dst=DST, num_layers=DIMS.num_layers)
