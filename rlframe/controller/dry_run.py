@@ -128,4 +128,27 @@ def describe_run(cfg: RunConfig) -> str:
         f"{sum(recv) / len(recv) / GiB:.3f} GiB; gathering full tensors on every rank would receive "
         f"{model_bytes / GiB:.3f} GiB per rank; {len(plan.transfers)} transfers",
     ]
+    if res.placement == "split":
+        lines.append(fanout_line(cfg, train, gen, {n: ParamMeta(s, sync) for n, s in shapes.items()}, dims.num_layers))
     return "\n".join(lines + memory_lines(cfg, dims, shapes))
+
+
+def fanout_line(cfg: RunConfig, train: Layout, gen: Layout, metas: dict, num_layers: int) -> str:
+    """Split placement's sync to the generation replicas as the job plans it (rollout.weight_fanout), with
+    what the other fan-out would send, and the transport per pair (rollout.weight_transport)."""
+    replicas, per = gen.dp, gen.tp
+    direct = plan_reshard(metas, src=train, dst=gen, num_layers=num_layers)
+    first = split_generation_layout(train, tp=per, world=replicas * per, chain=True)
+    chained = plan_reshard(metas, src=train, dst=first, num_layers=num_layers)
+    sent = {"direct": sum(map(direct.bytes_sent, train.ranks)), "chain": sum(map(chained.bytes_sent, train.ranks))}
+    relayed = sum(map(chained.bytes_received, first.ranks)) * (replicas - 1)
+    mode = cfg.rollout.weight_fanout
+    other = "chain" if mode == "direct" else "direct"
+    transport = cfg.rollout.weight_transport
+    if transport == "auto":
+        transport = ("auto: shared-memory rings between ranks on one host, gloo between hosts" if cfg.resources.nodes > 1
+                     else "auto: shared-memory rings (one host)")
+    return (f"weight fan-out to {replicas} replica(s) ({mode}): the training ranks send {sent[mode] / GiB:.3f} GiB per "
+            f"sync" + (f", the replicas forward {relayed / GiB:.3f} GiB along the chain" if mode == "chain" else "")
+            + (f" ({other}: {sent[other] / GiB:.3f} GiB from the training ranks)" if replicas > 1 else "")
+            + f"; transport {transport}")

@@ -236,7 +236,9 @@ def _run_bucket(bucket: list[Transfer], plan: Plan, local, rank: int, arena: tor
     sends, recvs = _split_bucket(bucket, rank)
     views: dict[int, torch.Tensor] = {}
     ops, used, words = _post_sends(sends, plan, local, rank, arena, 0, group, stats, min_bytes)
+    received = stats.bytes_received
     recv_ops, recv_words = _post_recvs(recvs, plan, arena, used, group, stats, views, min_bytes)
+    received = stats.bytes_received - received  # the pieces' bytes, without the messages' alignment padding
     if relay is not None and relay.upstream is not None:  # the same messages, from the previous replica
         recv_ops = [(False, buf, relay.upstream) for _, buf, _ in recv_ops]
     all_ops, words = ops + recv_ops, words + recv_words
@@ -248,7 +250,7 @@ def _run_bucket(bucket: list[Transfer], plan: Plan, local, rank: int, arena: tor
     in_flight = []
     if relay is not None and relay.downstream is not None and recv_ops:
         forwards = [(True, buf, relay.downstream) for _, buf, _ in recv_ops]
-        stats.bytes_sent += sum(buf.numel() for _, buf, _ in forwards)
+        stats.bytes_sent += received
         stats.num_messages += len(forwards)
         if delta is None:
             in_flight = _start(forwards, group, channel)

@@ -120,3 +120,21 @@ def test_dry_run_and_actor_pick_the_same_generation_layout():
                                             "actor.tp=2", "critic.strategy=megatron", "critic.dp=1", "critic.tp=2"]))
     train, gen, scheme = layouts(cfg)
     assert scheme.startswith("HybridFlow") and (gen, scheme) == generation_layout(train, tp=cfg.rollout.tp)
+
+
+def test_split_fanout_line_counts_what_the_training_ranks_send():
+    """Four generation replicas of the 50m preset (tp 1: each holds the whole model): direct fan-out sends the
+    model four times from the training ranks; chain sends it once and the replicas forward it three times."""
+    split = ["trainer.dry_run=true", "model.tiny_preset=50m", "resources.placement=split", "resources.procs_per_node=6",
+             "resources.split_procs={actor:2,rollout:4}"]
+    lines = {}
+    for mode in ("direct", "chain"):
+        text = describe_run(validate(load_config("grpo_tiny", split + [f"rollout.weight_fanout={mode}"])))
+        lines[mode] = next(l for l in text.splitlines() if l.startswith("weight fan-out"))
+    chain = lines["chain"]
+    sent = float(chain.split("send ")[1].split(" GiB")[0])
+    forwarded = float(chain.split("forward ")[1].split(" GiB")[0])
+    direct = float(chain.split("(direct: ")[1].split(" GiB")[0])
+    assert direct == pytest.approx(4 * sent, rel=0.01) and forwarded == pytest.approx(3 * sent, rel=0.01)
+    assert f"send {direct:.3f} GiB per sync (chain: {sent:.3f} GiB" in lines["direct"]
+    assert "4 replica(s)" in chain and "shared-memory rings (one host)" in chain
