@@ -35,3 +35,9 @@ class P2PChannel:
 
     def start(self, ops: list[tuple[bool, torch.Tensor, int]]) -> list:
         return self.transport.start(ops)
+
+    def close(self) -> None:
+        """Remove what the transport left on shared storage (rings no receiver mapped, message files)."""
+        close = getattr(self.transport, "close", None)
+        if close is not None:
+            close()

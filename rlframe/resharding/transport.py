@@ -13,7 +13,10 @@ Messages between one pair of ranks are matched in the order they are posted, on 
   a crash at a page fault); the sender copies a message into the ring, the receiver copies it out
   into its buffer; the channel's TCP store carries only "message k is at offset o" and the count of
   messages read, which frees ring space. The ring grows (a new, larger file) when a message does not
-  fit, so a send never waits for its receiver and two ranks sending to each other cannot deadlock.
+  fit, up to a bound (half of `ring_room`: two buckets); past it the sender waits for its receiver to
+  read, as a send waits on a socket's full buffer, reading meanwhile whatever was sent to it (two ranks
+  sending to each other both make progress). A sender that fails tells its receivers, which raise
+  instead of waiting for the rest.
 - file: one safetensors file per message in a directory on shared storage (a standard container with
   its sender, receiver and sequence number in the header), for engines outside the job; only the
   small "it is there" signals use the channel's store.
@@ -28,8 +31,10 @@ Messages between one pair of ranks are matched in the order they are posted, on 
 
 from __future__ import annotations
 
+import atexit
 import os
 import socket
+import time
 from datetime import timedelta
 
 import torch
@@ -174,15 +179,22 @@ class _RingReceive:
     def wait(self) -> None:
         pending = self.t.pending[self.peer]
         while not self.done:  # a pair's messages are read in order: earlier receives first
-            pending.pop(0)._read()
+            pending[0]._read()
+            pending.pop(0)
 
-    def _read(self) -> None:
+    def _read(self, blocking: bool = True) -> bool:
+        """Copy the message out (False, without blocking, when its sender has not said where it is yet)."""
         t, src = self.t, self.peer
         known = t.known.setdefault(src, {})
         while self.seq not in known:  # the next batch of this sender's messages ("where they are")
             key = f"ring/{src}/{t.rank}/b{t.fetched.get(src, 0)}"
+            if not blocking and not t.store.check([key]):
+                return False
             t.fetched[src] = t.fetched.get(src, 0) + 1
             for desc in t.store.get(key).decode().split(";"):  # get waits for the key
+                if desc.startswith("error "):
+                    raise RuntimeError(f"weight transport shm: rank {src} failed while sending to rank {t.rank}: "
+                                       f"{desc[len('error '):]}")
                 seq, gen, size, off, n = map(int, desc.split())
                 known[seq] = gen, size, off, n
             t.store.delete_key(key)
@@ -199,6 +211,7 @@ class _RingReceive:
         t.unacked[src] = t.unacked.get(src, 0) + 1
         if not known:  # this batch is read: its ring space is free again
             t.store.add(f"ring/{src}/{t.rank}/read", t.unacked.pop(src))
+        return True
 
 
 class _SendRing:
@@ -228,69 +241,118 @@ class _SendRing:
 class ShmTransport:
     """Messages through shared-memory rings between ranks on one host; see the module docstring."""
 
-    def __init__(self, store, rank: int, world_size: int, timeout: timedelta, *, prefix: str):
+    def __init__(self, store, rank: int, world_size: int, timeout: timedelta, *, prefix: str,
+                 max_ring: int = 512 << 20):
         self.store, self.rank, self.timeout, self.prefix = store, rank, timeout, prefix
+        self.max_ring = max_ring  # a ring grows to this (or one message) at most; then its sender waits
         self._send: dict[int, _SendRing] = {}
         self._received: dict[int, int] = {}
+        self._where: dict[int, list] = {}  # receiver -> [descriptors of this call's messages not posted, bytes]
         self.pending: dict[int, list[_RingReceive]] = {}  # sender -> receives posted, not read yet
         self.known: dict[int, dict] = {}  # sender -> {seq: (generation, ring size, offset, bytes)} not read yet
         self.fetched: dict[int, int] = {}  # sender -> batches of descriptors read from the store
         self.posted: dict[int, int] = {}  # receiver -> batches of descriptors put in the store
         self.unacked: dict[int, int] = {}  # sender -> messages read and not yet counted in its "read" key
         self.mapped: dict[int, tuple[int, _Ring]] = {}  # sender -> (generation, ring) being read
+        atexit.register(self.close)
 
     def path(self, src: int, dst: int, gen: int) -> str:
         return f"{self.prefix}-{src}-{dst}-{gen}.ring"
 
+    def _reclaim(self, peer: int, s: _SendRing) -> None:
+        read = int(self.store.add(f"ring/{self.rank}/{peer}/read", 0))
+        s.unread = [u for u in s.unread if u[0] >= read]
+
     def _place(self, peer: int, s: _SendRing, n: int) -> int:
+        """An offset for `n` bytes in the ring to `peer`: where they fit beside its unread messages; else a
+        larger ring while the ring is under max_ring (a message larger than that gets a ring of its own
+        size once the receiver has read everything); else, like a socket's full buffer, the sender waits
+        for its receiver to read (this call's descriptors posted first, so that it can)."""
         off = s.offset_for(n)
-        if off is None and s.unread:  # what has the receiver read since?
-            read = int(self.store.add(f"ring/{self.rank}/{peer}/read", 0))
-            s.unread = [u for u in s.unread if u[0] >= read]
+        if off is None and s.unread:
+            self._reclaim(peer, s)
             off = s.offset_for(n)
         if off is not None:
             return off
         size = max(MIN_RING, 2 * n, 2 * (s.ring.size if s.ring else 0))
+        if size > self.max_ring and s.ring is not None:
+            if n <= s.ring.size:
+                return self._wait_for_room(peer, s, n)
+            self._wait_for_room(peer, s, 0)  # everything read: a ring for this message alone
+            size = n
         try:  # a new ring: unread messages stay in the old one, which the receiver has mapped or will
-            s.ring = _Ring(self.path(self.rank, peer, s.gen + 1), size, create=True)
-            s.made.append(s.ring.path)
+            ring = _Ring(self.path(self.rank, peer, s.gen + 1), size, create=True)
         except OSError as err:
             raise OSError(err.errno, f"weight transport shm: reserving a {size}-byte ring in {SHM_ROOT} for "
                                      f"messages to rank {peer} failed ({err.strerror}); give /dev/shm room (a "
                                      "container's --shm-size), lower rollout.bucket_bytes, or use "
                                      "rollout.weight_transport=gloo") from err
-        s.gen, s.unread = s.gen + 1, []
+        s.ring, s.gen, s.unread = ring, s.gen + 1, []
+        s.made.append(ring.path)
         return 0
+
+    def _wait_for_room(self, peer: int, s: _SendRing, n: int) -> int:
+        """Post what this call wrote to `peer` so far, then poll its read count until `n` bytes fit (n = 0:
+        until it has read everything)."""
+        if peer in self._where:
+            self._post(peer, self._where.pop(peer)[0])
+        deadline, pause = time.monotonic() + self.timeout.total_seconds(), 1e-4
+        while True:
+            self._progress()  # the receiver may itself be waiting for this rank to read: read what is there
+            self._reclaim(peer, s)
+            off = s.offset_for(n) if n else (0 if not s.unread else None)
+            if off is not None:
+                return off
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"weight transport shm: rank {peer} has not read its messages from rank "
+                                   f"{self.rank} within {self.timeout.total_seconds():.0f} s")
+            time.sleep(pause)
+            pause = min(pause * 2, 5e-3)
+
+    def _progress(self) -> None:
+        """Read every posted receive whose message is there, in each sender's order, without blocking."""
+        for pending in self.pending.values():
+            while pending and pending[0]._read(blocking=False):
+                pending.pop(0)
 
     def start(self, ops: list[tuple[bool, torch.Tensor, int]]) -> list:
         """Sends are copied into the rings now; each peer gets a store entry saying where its messages are
         per FLUSH_BYTES of them and at the end (a store round trip per message would cost more than the
-        copies; one per call would keep the receiver from copying out while the sender copies in)."""
-        out, where = [], {}
-        for is_send, buf, peer in ops:
-            if not is_send:
-                seq = self._received.get(peer, 0)
-                self._received[peer] = seq + 1
-                out.append(_RingReceive(self, buf, peer, seq))
-                self.pending.setdefault(peer, []).append(out[-1])
-                continue
-            data = _as_bytes(buf.contiguous())
-            n = data.numel()
-            s = self._send.setdefault(peer, _SendRing())
-            off = self._place(peer, s, n) if n else 0
-            if n:
-                s.ring.data[off:off + n].copy_(data)
-                s.head = off + n
-                s.unread.append((s.sent, off, n))
-            descs = where.setdefault(peer, [[], 0])
-            descs[0].append(f"{s.sent} {s.gen} {s.ring.size if s.ring else 0} {off} {n}")
-            descs[1] += n
-            s.sent += 1
-            out.append(_Done())
-            if descs[1] >= FLUSH_BYTES:  # let the receiver copy these out while the next ones are copied in
-                self._post(peer, where.pop(peer)[0])
-        for peer, (descs, _) in where.items():
+        copies; one per call would keep the receiver from copying out while the sender copies in). If a
+        send fails, every peer of this call is told, so that none waits for the rest."""
+        out = []
+        try:
+            for is_send, buf, peer in ops:
+                if not is_send:
+                    seq = self._received.get(peer, 0)
+                    self._received[peer] = seq + 1
+                    out.append(_RingReceive(self, buf, peer, seq))
+                    self.pending.setdefault(peer, []).append(out[-1])
+                    continue
+                data = _as_bytes(buf.contiguous())
+                n = data.numel()
+                s = self._send.setdefault(peer, _SendRing())
+                off = self._place(peer, s, n) if n else 0
+                if n:
+                    s.ring.data[off:off + n].copy_(data)
+                    s.head = off + n
+                    s.unread.append((s.sent, off, n))
+                descs = self._where.setdefault(peer, [[], 0])
+                descs[0].append(f"{s.sent} {s.gen} {s.ring.size if s.ring else 0} {off} {n}")
+                descs[1] += n
+                s.sent += 1
+                out.append(_Done())
+                if descs[1] >= FLUSH_BYTES:  # let the receiver copy these out while the next ones are copied in
+                    self._post(peer, self._where.pop(peer)[0])
+        except BaseException as err:
+            self._where.clear()
+            for peer in {peer for is_send, _, peer in ops if is_send}:
+                self._post(peer, [f"error {type(err).__name__}: {err}".replace(";", ",")])
+            self.close()
+            raise
+        for peer, (descs, _) in self._where.items():
             self._post(peer, descs)
+        self._where.clear()
         return out
 
     def _post(self, peer: int, descs: list[str]) -> None:
@@ -317,7 +379,17 @@ class PairTransport:
         self.by_peer, self.default = by_peer, default
 
     def start(self, ops: list[tuple[bool, torch.Tensor, int]]) -> list:
-        return [req for op in ops for req in (self.by_peer.get(op[2]) or self.default).start([op])]
+        """Each transport gets its ops in one call (in their order: the shm rings batch their signals);
+        the requests come back in the ops' order."""
+        groups: dict[int, tuple[object, list[int]]] = {}
+        for i, op in enumerate(ops):
+            t = self.by_peer.get(op[2]) or self.default
+            groups.setdefault(id(t), (t, []))[1].append(i)
+        out = [None] * len(ops)
+        for t, idx in groups.values():
+            for i, req in zip(idx, t.start([ops[i] for i in idx])):
+                out[i] = req
+        return out
 
     def close(self) -> None:
         for t in {id(t): t for t in list(self.by_peer.values()) + [self.default] if hasattr(t, "close")}.values():
@@ -339,10 +411,14 @@ def shared_memory_pairs(store, rank: int, world_size: int, *, address: str, pref
     (one /dev/shm), and each have `room` bytes of it free."""
     token = os.urandom(8).hex()
     probe = f"{prefix}-probe-{rank}"
-    with open(probe, "w") as fh:
-        fh.write(token)
-    fs = os.statvfs(os.path.dirname(prefix))
-    store.set(f"probe/{rank}", f"{address} {token} {int(fs.f_bavail * fs.f_frsize >= room)}")
+    try:  # no /dev/shm, or a full one: this rank's pairs go over gloo
+        fs = os.statvfs(os.path.dirname(prefix))
+        roomy = fs.f_bavail * fs.f_frsize >= room
+        with open(probe, "w") as fh:
+            fh.write(token)
+    except OSError:
+        roomy = False
+    store.set(f"probe/{rank}", f"{address} {token} {int(roomy)}")
     info = [store.get(f"probe/{r}").decode().split() for r in range(world_size)]
 
     def sees(r: int) -> bool:
@@ -354,7 +430,8 @@ def shared_memory_pairs(store, rank: int, world_size: int, *, address: str, pref
 
     store.set(f"sees/{rank}", "".join("1" if sees(r) else "0" for r in range(world_size)))
     seen = [store.get(f"sees/{r}").decode() for r in range(world_size)]
-    os.unlink(probe)
+    if os.path.exists(probe):
+        os.unlink(probe)
     return [[a != b and info[a][0] == info[b][0] and info[a][2] == info[b][2] == "1"
              and seen[a][b] == seen[b][a] == "1" for b in range(world_size)] for a in range(world_size)]
 
@@ -365,7 +442,7 @@ def build_transport(kind: str, *, store, rank: int, world_size: int, timeout: ti
     """The transport of `kind` for this rank (collective over the channel's ranks: every rank calls it
     with the same kind). `name` keeps the files of two channels apart; `address` is the channel store's
     (host, port), from which auto tells hosts apart; `ring_room` the free shared memory auto wants before
-    it puts a host's pairs on shm rings."""
+    it puts a host's pairs on shm rings; a ring grows to half of it at most (its sender then waits)."""
     if kind not in WEIGHT_TRANSPORTS:
         raise ValueError(f"rollout.weight_transport={kind!r} is unknown; use one of {WEIGHT_TRANSPORTS}")
     if kind in ("gloo", "nccl"):
@@ -379,8 +456,9 @@ def build_transport(kind: str, *, store, rank: int, world_size: int, timeout: ti
                              "rank of both groups can read and write (shared storage)")
         return FileTransport(store, rank, world_size, timeout, directory=os.path.join(directory, name))
     prefix = os.path.join(SHM_ROOT, name)
+    max_ring = max(MIN_RING, ring_room // 2)
     if kind == "shm":
-        return ShmTransport(store, rank, world_size, timeout, prefix=prefix)
+        return ShmTransport(store, rank, world_size, timeout, prefix=prefix, max_ring=max_ring)
     host, port = address or ("127.0.0.1", 0)
     pairs = shared_memory_pairs(store, rank, world_size, address=_local_address(host, port or 1),
                                 prefix=prefix, room=ring_room)
@@ -389,5 +467,5 @@ def build_transport(kind: str, *, store, rank: int, world_size: int, timeout: ti
     peers = [r for r in range(world_size) if pairs[rank][r]]
     if not peers:
         return gloo
-    shm = ShmTransport(store, rank, world_size, timeout, prefix=prefix)
+    shm = ShmTransport(store, rank, world_size, timeout, prefix=prefix, max_ring=max_ring)
     return shm if gloo is None else PairTransport({r: shm for r in peers}, gloo)

@@ -45,12 +45,15 @@ def _sync(channel, plan, full, rank, delta=None, relay=None, expected=None):
 def _rings(channel, rank):
     """Ranks 0 and 2 send each other 60 messages through the shm rings at once, each side posting all of
     its sends and receives first and waiting on the receives last to first: sizes from 0 bytes to 3x the
-    first ring (the rings wrap around and grow while the other side reads), int64 and uint8 messages.
-    Whether every message arrives whole and in its place."""
+    first ring, rings capped at twice the first (they wrap around, grow to the cap, a larger message gets
+    a ring of its own, and a sender waits for room while the other side reads), int64 and uint8 messages.
+    Whether every message arrives whole and in its place; then rank 0 fails in the middle of a send and
+    rank 2, waiting for it, raises with rank 0's reason."""
     from rlframe.resharding.transport import MIN_RING
 
     if rank not in (0, 2):
         return True
+    channel.transport.max_ring = 2 * MIN_RING
     peer, g = 2 - rank, torch.Generator().manual_seed(11)
     sizes = [int(x) for x in torch.randint(0, MIN_RING // 3, (60,), generator=g)]
     sizes[7], sizes[30], sizes[31] = 0, 3 * MIN_RING, MIN_RING + 1
@@ -68,7 +71,19 @@ def _rings(channel, rank):
         reqs += channel.start(ops)
     for req in reversed(reqs):
         req.wait()
-    return all(torch.equal(got[i], message(peer, i)) for i in range(60))
+    exact = all(torch.equal(got[i], message(peer, i)) for i in range(60))
+    if rank == 0:
+        channel.transport._place = lambda *a: (_ for _ in ()).throw(OSError(28, "No space left on device"))
+        try:
+            channel.start([(True, torch.ones(8, dtype=torch.uint8), 2)])
+        except OSError:
+            return exact
+        return False
+    try:
+        channel.start([(False, torch.empty(8, dtype=torch.uint8), 0)])[0].wait()
+    except RuntimeError as err:
+        return exact and "rank 0 failed while sending to rank 2" in str(err) and "No space left" in str(err)
+    return False
 
 
 def _run(rank, world, ports, directory):
