@@ -136,6 +136,7 @@ class EndpointLimits:
     request_timeout_s: float = 300.0
     max_batch: int = 256
     batch_window_s: float = 0.005
+    max_prompt_tokens: int | None = None  # an episode's first prompt (data.prompt_length in training)
 
 
 def _error(err: RequestError):
@@ -161,6 +162,10 @@ class OpenAIEndpoint:
         self.batcher = GenerationBatcher(generate, pad_id=pad, eos_ids=self.eos_ids, max_batch=self.limits.max_batch,
                                          window_s=self.limits.batch_window_s)
         self.requests = {"ok": 0, "refused": 0, "timed_out": 0, "failed": 0}
+        # Training sets these per rollout (`plan`): the sampling the trainer's log-probs assume, which a
+        # request may repeat but not change, and each episode's (seed, sample) for unseeded requests.
+        self.fixed: dict | None = None
+        self.seeds: dict[str, tuple[int, int]] = {}
         self._sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
         self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self._sock.bind((host, port))
@@ -171,6 +176,13 @@ class OpenAIEndpoint:
     def base_url(self) -> str:
         host = f"[{self.host}]" if ":" in self.host else self.host
         return f"http://{host}:{self.port}/v1"
+
+    def plan(self, *, temperature: float, top_p: float, top_k: int, seeds: dict[str, tuple[int, int]]) -> None:
+        """The sampling every request must use until the next plan (a request may omit it or repeat it: the
+        trainer's log-probs assume it), and the seed of each named episode's sample: turn t of an episode
+        with (seed, sample) is seeded from (seed, sample, t), as the in-process agent loop seeds its turns."""
+        self.fixed = {"temperature": float(temperature), "top_p": float(top_p), "top_k": int(top_k)}
+        self.seeds = dict(seeds)
 
     # the server
     def start(self, timeout_s: float = 30.0) -> "OpenAIEndpoint":
@@ -284,8 +296,15 @@ class OpenAIEndpoint:
         seed = req.get("seed")
         if seed is not None and not isinstance(seed, int):
             raise RequestError(f"seed={seed!r} must be an integer", param="seed")
-        return {"temperature": float(temperature), "top_p": float(top_p), "top_k": top_k, "max_tokens": max_tokens,
-                "seed": seed}
+        out = {"temperature": float(temperature), "top_p": float(top_p), "top_k": top_k, "max_tokens": max_tokens,
+               "seed": seed}
+        for name, value in (self.fixed or {}).items():
+            if name in req and out[name] != value:
+                raise RequestError(f"{name}={req[name]!r}: this run samples with {name}={value!r} (the trainer's "
+                                   "log-probs assume it: rollout.temperature, top_p, top_k); omit it or pass that "
+                                   "value", param=name, code="sampling_fixed")
+            out[name] = value
+        return out
 
     def _messages(self, req: dict, chat: bool) -> list[dict]:
         if chat:
@@ -306,6 +325,14 @@ class OpenAIEndpoint:
             raise RequestError("tools must be a list of tool objects", param="tools")
         ep, added, context = self.store.begin(episode_id, messages, tools)
         try:
+            if not ep.turns and self.limits.max_prompt_tokens and len(added) > self.limits.max_prompt_tokens:
+                raise RequestError(f"the episode's first prompt has {len(added)} tokens; this run takes at most "
+                                   f"{self.limits.max_prompt_tokens} (data.prompt_length)", param="messages",
+                                   code="context_length_exceeded")
+            if sampling["seed"] is None and episode_id in self.seeds:
+                from rlframe.workers.rollout.seeds import mix_seed
+
+                sampling["seed"] = mix_seed(*self.seeds[episode_id], ep.turns + 1)
             left = self.response_length - (len(ep.tokens) + (len(added) if ep.turns else 0))
             if left <= 0:
                 raise RequestError(f"episode {episode_id!r} has used its {self.response_length} response tokens "

@@ -132,6 +132,8 @@ RANGES: dict[str, Rule] = {
     "rollout.partial_budget": at_least(0, " (0: whole responses in one round)"),
     "agent.max_turns": at_least(1, " (assistant turns per trajectory)"),
     "agent.max_result_chars": at_least(1, ""),
+    "agent.concurrency": at_least(1, " (episodes at once, agent.mode=openai)"),
+    "agent.episode_timeout_s": above(0, " (seconds an episode may take, agent.mode=openai)"),
     "algorithm.tis_cap": at_least(1.0, " (the largest importance weight kept)"),
 }
 
@@ -149,6 +151,7 @@ def _choices() -> dict[str, tuple]:
             "rollout.weight_sync": ("full", "delta"),
             "rollout.weight_transport": WEIGHT_TRANSPORTS,
             "rollout.weight_fanout": ("direct", "chain"),
+            "agent.mode": ("tools", "openai"),
             "reward.ensemble": ("mean", "min"),
             "resources.placement": ("colocated", "split"), "trainer.loggers": SINKS,
             "algorithm.off_policy_correction": ("none", "behaviour", "tis")}

@@ -298,6 +298,14 @@ class AgentConfig:
     max_calls_per_turn: int = 8  # calls past this in one turn are not run: answered with an error
     # A trajectory whose tool calls have taken this many seconds (wall clock, all turns) ends there.
     max_tool_seconds_per_trajectory: float = 20.0
+    # tools: the in-process loop above. openai: `environment` (path.py:function, an
+    # `async def episode(client, row)` using an openai.AsyncOpenAI client) drives the policy through an
+    # OpenAI-compatible endpoint, its episodes recorded token for token (docs/agents.md).
+    mode: str = "tools"
+    environment: str | None = None
+    concurrency: int = 64  # episodes at once
+    episode_timeout_s: float = 300.0  # past it an episode is scored 0
+    endpoint_host: str = "127.0.0.1"  # where the endpoint listens (only this machine's processes by default)
 
 
 @dataclass

@@ -253,6 +253,7 @@ def _check_kl_and_sampling(cfg: RunConfig, out: list[str]) -> None:
         if blocked:
             out.append(f"agent.enabled=true (multi-turn rollouts with tools) is not available with {', '.join(blocked)}; "
                        "turn those off or set agent.enabled=false")
+        _check_environment(cfg, out)
     if alg.dynamic_sampling and alg.n_samples < 2:
         out.append(f"algorithm.dynamic_sampling=true keeps groups whose rewards differ, which needs "
                    f"algorithm.n_samples >= 2 (got {alg.n_samples}); raise n_samples or turn dynamic_sampling off")
@@ -365,6 +366,27 @@ def _check_cross_field(cfg: RunConfig, out: list[str]) -> None:
     _check_kl_and_sampling(cfg, out)
     _check_roles_and_trainer(cfg, out)
     _check_lora(cfg, out)
+
+
+def _check_environment(cfg: RunConfig, out: list[str]) -> None:
+    """agent.mode=openai: an environment file that loads, with an episode coroutine function."""
+    agent = cfg.agent
+    if agent.mode != "openai":
+        if agent.environment:
+            out.append(f"agent.environment={agent.environment!r} is used by agent.mode=openai, but agent.mode="
+                       f"{agent.mode}; set agent.mode=openai or remove agent.environment")
+        return
+    if not agent.environment:
+        out.append("agent.mode=openai needs agent.environment=path/to/file.py:function, an `async def "
+                   "function(client, row)` that runs one episode with the openai client and returns its reward")
+        return
+    from rlframe.agents.environment import load_environment
+
+    try:
+        load_environment(agent.environment)
+    except Exception as err:  # the user's file: whatever it raises, say so before any worker starts
+        out.append(f"{err}" if isinstance(err, ValueError) else
+                   f"agent.environment={agent.environment!r}: importing it raised {type(err).__name__}: {err}")
 
 
 def _builtin_tool_problems(cfg: RunConfig) -> list[str]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import itertools
 import random
+from pathlib import Path
 
 FACTORS: dict[str, tuple] = {
     "algorithm": ("grpo", "ppo"),
@@ -22,7 +23,7 @@ FACTORS: dict[str, tuple] = {
     "strategy": ("fsdp", "megatron"),
     "lora": ("off", "dropout"),
     "partial": ("off", "on"),
-    "agent": ("off", "on"),
+    "agent": ("off", "on", "openai"),  # openai: the tool task as an OpenAI-API environment (agent.mode=openai)
     "async": (0, 1),
     "precision": ("fp32", "bf16"),
     "recompute": ("off", "on"),  # activation_checkpointing of the trained roles
@@ -30,6 +31,8 @@ FACTORS: dict[str, tuple] = {
     "fanout": ("direct", "chain"),  # rollout.weight_fanout (split placement, 2 generation replicas)
 }
 DEFAULTS = {k: v[0] for k, v in FACTORS.items()}
+# the worked example of agent.mode=openai (docs/agents.md), from the repository
+ENVIRONMENT = Path(__file__).resolve().parents[3] / "examples" / "openai_agent" / "environment.py"
 ROWS = 16  # one step's rows in every config: grpo 4 prompts x 4 samples, ppo 16 prompts
 
 BASE = ["model.tiny_preset=demo", "data.response_length=6", "data.val_size=16", "trainer.loggers=[jsonl]",
@@ -41,8 +44,8 @@ def valid(row: dict) -> bool:
     """What the config validation refuses, as predicates (a chosen row is validated for real too)."""
     return not ((row["async"] and row["placement"] != "split")
                 or (row["strategy"] == "megatron" and (row["lora"] != "off" or row["layout"] == "sp2"))
-                or (row["agent"] == "on" and (row["partial"] == "on" or row["algorithm"] != "grpo"))
-                or (row["async"] and (row["partial"] == "on" or row["agent"] == "on"))
+                or (row["agent"] != "off" and (row["partial"] == "on" or row["algorithm"] != "grpo"))
+                or (row["async"] and (row["partial"] == "on" or row["agent"] != "off"))
                 or (row["fanout"] == "chain" and (row["placement"] != "split" or row["replicas"] != 2)))
 
 
@@ -87,10 +90,12 @@ def config_for(row: dict) -> tuple[str, list[str]]:
         o += ["actor.lora_rank=8", "actor.lora_alpha=16", "actor.lora_dropout=0.1", "actor.lr=1e-3"]
     if row["partial"] == "on":
         o.append("rollout.partial_budget=3")
-    if row["agent"] == "on":
+    if row["agent"] != "off":
         o = [x for x in o if not x.startswith(("model.tiny_preset", "data.response_length"))]
         o += ["model.tiny_preset=agent", "data.task=tool_arithmetic", "agent.enabled=true", "data.prompt_length=128",
               "data.response_length=48"]
+    if row["agent"] == "openai":
+        o += ["agent.mode=openai", f"agent.environment={ENVIRONMENT}:episode"]
     if row["async"]:
         o.append(f"trainer.max_staleness={row['async']}")
     if row["precision"] == "bf16":

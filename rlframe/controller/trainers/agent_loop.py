@@ -201,6 +201,9 @@ class AgentLoop:
         return out.union(DataProto.from_dict(tensors=tensors,
                                              non_tensors={"agent_tool_statuses": [list(t.statuses) for t in trajs]}))
 
+    def close(self) -> None:
+        self.runner.close()
+
     def _metrics(self, trajs: list[Trajectory], statuses: Counter) -> dict[str, float]:
         calls = sum(statuses.values())
         m = {"agent/turns_mean": float(np.mean([t.turns for t in trajs])),
@@ -245,3 +248,13 @@ def build_agent_loop(cfg, tokenizer) -> AgentLoop:
     runner = ToolRunner(tools, max_result_chars=agent.max_result_chars)
     return AgentLoop(tokenizer, runner, max_turns=agent.max_turns, response_length=cfg.data.response_length,
                      max_calls_per_turn=agent.max_calls_per_turn, max_tool_seconds=agent.max_tool_seconds_per_trajectory)
+
+
+def build_agent(cfg, tokenizer):
+    """The run's rollout with an agent (agent.enabled): the in-process loop with tools (agent.mode=tools), or
+    the user's environment through the OpenAI-compatible endpoint (agent.mode=openai: openai_agent.py)."""
+    if cfg.agent.mode == "openai":
+        from rlframe.controller.trainers.openai_agent import OpenAIAgentLoop
+
+        return OpenAIAgentLoop(cfg, tokenizer)
+    return build_agent_loop(cfg, tokenizer)

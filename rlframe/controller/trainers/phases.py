@@ -106,15 +106,18 @@ def score(batch: DataProto, *, cfg: RunConfig, tokenizer, reward_manager, reward
     score), `acc` (its verdict: score >= 1, before any shaping), `reward_failed`, the function's
     extras, `overlong_penalty`. `reward_metrics` derives the step's metrics from them, so that they
     describe exactly the rows a batch holds (after DAPO's refills too)."""
-    nt = batch.non_tensor_batch
-    result = reward_manager.compute(decode_responses(tokenizer, batch), data_sources=list(nt["data_source"]),
-                                    ground_truths=list(nt["ground_truth"]), extra_infos=list(nt["extra_info"]))
-    b = batch.batch
-    scores = torch.as_tensor(result.scores, dtype=torch.float32)
-    b["verifier_score"], b["acc"] = scores, (scores >= 1.0).float()
-    b["reward_failed"] = torch.as_tensor(result.failed, dtype=torch.float32)
-    for k, v in result.extras.items():
-        b[REWARD_EXTRA + k] = torch.as_tensor(v, dtype=torch.float32)
+    nt, b = batch.non_tensor_batch, batch.batch
+    if "env_reward" in b.keys():  # agent.mode=openai: each episode's environment scored it (openai_agent.py)
+        scores = b["env_reward"].float()
+        b["verifier_score"], b["acc"], b["reward_failed"] = scores, (scores >= 1.0).float(), b["env_failed"].float()
+    else:
+        result = reward_manager.compute(decode_responses(tokenizer, batch), data_sources=list(nt["data_source"]),
+                                        ground_truths=list(nt["ground_truth"]), extra_infos=list(nt["extra_info"]))
+        scores = torch.as_tensor(result.scores, dtype=torch.float32)
+        b["verifier_score"], b["acc"] = scores, (scores >= 1.0).float()
+        b["reward_failed"] = torch.as_tensor(result.failed, dtype=torch.float32)
+        for k, v in result.extras.items():
+            b[REWARD_EXTRA + k] = torch.as_tensor(v, dtype=torch.float32)
     if reward_model is not None:
         rm = reward_model.compute_rm_score(batch).batch
         scores = b["rm_score"] = rm["rm_scores"].float()

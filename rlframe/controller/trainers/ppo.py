@@ -29,7 +29,7 @@ from rlframe.config.schema import RunConfig
 from rlframe.config.resources import process_count, role_world_sizes
 from rlframe.controller import startup
 from rlframe.controller.trainers import phases
-from rlframe.controller.trainers.agent_loop import build_agent_loop
+from rlframe.controller.trainers.agent_loop import build_agent
 from rlframe.controller.trainers.async_rollout import RolloutPipeline
 from rlframe.controller.trainers.checkpoint import CheckpointManager, driver_rng_state, restore_driver_rng
 from rlframe.controller.trainers.generations import GenerationDump
@@ -66,7 +66,7 @@ class PPOTrainer:
             if cfg.reward.function_path else None
         self.reward = RewardManager(fn_spec=spec, num_workers=cfg.reward.num_workers,
                                     max_error_fraction=cfg.reward.max_error_fraction)
-        self.agent = build_agent_loop(cfg, self.tokenizer) if cfg.agent.enabled else None  # before any worker
+        self.agent = build_agent(cfg, self.tokenizer) if cfg.agent.enabled else None  # before any worker
         alg = cfg.algorithm
         self.kl_ctrl = make_kl_controller(kind="adaptive" if alg.kl_target else "fixed", kl_coef=alg.kl_coef,
                                           target_kl=alg.kl_target, horizon=alg.kl_horizon)
@@ -389,7 +389,7 @@ class PPOTrainer:
         self.roles.shutdown()
         self.reward.close()
         if self.agent is not None:
-            self.agent.runner.close()
+            self.agent.close()
 
 
 def _layout_text(role) -> str:
