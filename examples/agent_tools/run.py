@@ -32,9 +32,11 @@ COMMON = ["--config-name", "grpo_tiny", "model.tiny_preset=agent", "data.task=to
 RUNS = {"with tools": ["agent.enabled=true"], "without tools": ["agent.enabled=false"]}
 
 
-def run(name: str, *, steps: int, out: Path) -> list[dict]:
+def run(name: str, *, steps: int, out: Path, overrides: list[str] | None = None) -> list[dict]:
+    """One run's metrics rows: COMMON plus RUNS[name] (or `overrides`)."""
     exp = name.replace(" ", "_")
-    cmd = [sys.executable, "-m", "rlframe.main", *COMMON, *RUNS[name], f"trainer.total_steps={steps}",
+    extra = RUNS[name] if overrides is None else overrides
+    cmd = [sys.executable, "-m", "rlframe.main", *COMMON, *extra, f"trainer.total_steps={steps}",
            f"trainer.val_every={max(1, steps // 4)}", f"trainer.output_dir={out}", f"trainer.experiment={exp}"]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
     if proc.returncode != 0:

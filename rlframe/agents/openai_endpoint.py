@@ -21,8 +21,9 @@ penalties, response_format and tool_choice other than auto are refused with an O
 (HTTP 400, {"error": {"message", "type", "param", "code"}}). A request's tokens count against the
 episode's response budget (data.response_length: the trajectory is one training row).
 
-Generation: requests wait at most `batch_window_s` for others, then every waiting request goes to
-`generate` in one call per sampling setting (`max_tokens` is the largest of them; each output is cut
+Generation: a batch of requests closes once none has arrived for `batch_window_s` (20 ms), or
+`batch_max_wait_s` (0.5 s) after its first; then every waiting request goes to `generate` in one call
+per sampling setting (`max_tokens` is the largest of them; each output is cut
 to its own request's), so concurrent episodes share batched generation as the in-process agent loop's
 turns do. One generation thread; the HTTP server runs in a thread of its own.
 
@@ -72,9 +73,13 @@ class GenerationBatcher:
     one call per sampling setting and resolves each request's future with (sampled ids, log-probs,
     whether it ended with an end-of-sequence id)."""
 
-    def __init__(self, generate, *, pad_id: int, eos_ids, max_batch: int = 256, window_s: float = 0.005):
+    def __init__(self, generate, *, pad_id: int, eos_ids, max_batch: int = 256, window_s: float = 0.02,
+                 max_wait_s: float = 0.5):
         self.generate, self.pad_id, self.eos_ids = generate, pad_id, set(eos_ids)
-        self.max_batch, self.window_s = max_batch, window_s
+        self.max_batch, self.window_s, self.max_wait_s = max_batch, window_s, max_wait_s
+        # ready(n): whether n waiting requests are all there will be for now (every running episode is
+        # waiting for a reply): the batch closes at once. Set by whoever runs the episodes.
+        self.ready = None
         self._queue: queue.Queue = queue.Queue()
         self.calls = self.rows = 0
         self._thread = threading.Thread(target=self._loop, name="endpoint-generation", daemon=True)
@@ -91,11 +96,15 @@ class GenerationBatcher:
         self._thread.join(timeout=30)
 
     def _loop(self) -> None:
+        """A batch closes when no request has arrived for `window_s`, at `max_batch` requests, or `max_wait_s`
+        after its first: concurrent episodes' requests trickle in (each client parses its last reply and
+        renders the next turn first), and a call per few requests would cost more than the wait; at once
+        when `ready` says every running episode is waiting."""
         while (first := self._queue.get()) is not None:
-            jobs, deadline = [first], time.monotonic() + self.window_s
-            while len(jobs) < self.max_batch:
+            jobs, cap = [first], time.monotonic() + self.max_wait_s
+            while len(jobs) < self.max_batch and not (self.ready is not None and self.ready(len(jobs))):
                 try:
-                    job = self._queue.get(timeout=max(0.0, deadline - time.monotonic()))
+                    job = self._queue.get(timeout=max(0.0, min(self.window_s, cap - time.monotonic())))
                 except queue.Empty:
                     break
                 if job is None:
@@ -135,7 +144,8 @@ class EndpointLimits:
     max_tokens: int | None = None  # per request; None: the episode's budget left
     request_timeout_s: float = 300.0
     max_batch: int = 256
-    batch_window_s: float = 0.005
+    batch_window_s: float = 0.02  # a batch closes after this long without a new request ...
+    batch_max_wait_s: float = 0.5  # ... or this long after its first
     max_prompt_tokens: int | None = None  # an episode's first prompt (data.prompt_length in training)
 
 
@@ -160,7 +170,7 @@ class OpenAIEndpoint:
         self.store = EpisodeStore(tokenizer, eos_text=tokenizer.eos_token)
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
         self.batcher = GenerationBatcher(generate, pad_id=pad, eos_ids=self.eos_ids, max_batch=self.limits.max_batch,
-                                         window_s=self.limits.batch_window_s)
+                                         window_s=self.limits.batch_window_s, max_wait_s=self.limits.batch_max_wait_s)
         self.requests = {"ok": 0, "refused": 0, "timed_out": 0, "failed": 0}
         # Training sets these per rollout (`plan`): the sampling the trainer's log-probs assume, which a
         # request may repeat but not change, and each episode's (seed, sample) for unseeded requests.
@@ -188,7 +198,8 @@ class OpenAIEndpoint:
     def start(self, timeout_s: float = 30.0) -> "OpenAIEndpoint":
         import uvicorn
 
-        config = uvicorn.Config(self.app(), log_level="warning", access_log=False, lifespan="off")
+        config = uvicorn.Config(self.app(), log_level="warning", access_log=False, lifespan="off",
+                                http="auto", loop="auto")  # httptools and uvloop when installed
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(target=lambda: asyncio.run(self._server.serve(sockets=[self._sock])),
                                         name="openai-endpoint", daemon=True)
@@ -214,28 +225,30 @@ class OpenAIEndpoint:
 
         app = FastAPI(title="rlframe policy endpoint", docs_url=None, redoc_url=None, openapi_url=None)
 
-        @app.middleware("http")
-        async def guard(request: Request, call_next):
+        def guard(request: Request) -> None:
+            """The token and the declared body size, before the body is read (a route check rather than an
+            HTTP middleware, which costs every request about a millisecond)."""
+            if request.headers.get("authorization", "") != f"Bearer {self.token}":
+                raise RequestError("a valid token is required (Authorization: Bearer <token>, the endpoint's "
+                                   "token)", status=401, kind="authentication_error", code="invalid_api_key")
+            size = request.headers.get("content-length")
+            if size is not None and int(size) > self.limits.max_request_bytes:
+                raise RequestError(f"the request body has {size} bytes; the endpoint takes at most "
+                                   f"{self.limits.max_request_bytes}", status=413, code="request_too_large")
+
+        @app.get("/v1/models")
+        async def models(request: Request):
             try:
-                if request.headers.get("authorization", "") != f"Bearer {self.token}":
-                    raise RequestError("a valid token is required (Authorization: Bearer <token>, the endpoint's "
-                                       "token)", status=401, kind="authentication_error", code="invalid_api_key")
-                size = request.headers.get("content-length")
-                if size is not None and int(size) > self.limits.max_request_bytes:
-                    raise RequestError(f"the request body has {size} bytes; the endpoint takes at most "
-                                       f"{self.limits.max_request_bytes}", status=413, code="request_too_large")
+                guard(request)
             except RequestError as err:
                 self.requests["refused"] += 1
                 return _error(err)
-            return await call_next(request)
-
-        @app.get("/v1/models")
-        async def models():
             return {"object": "list", "data": [{"id": self.model, "object": "model", "created": 0,
                                                 "owned_by": "rlframe"}]}
 
         async def handle(request: Request, chat: bool):
             try:
+                guard(request)
                 body = await request.body()
                 if len(body) > self.limits.max_request_bytes:
                     raise RequestError(f"the request body has {len(body)} bytes; the endpoint takes at most "

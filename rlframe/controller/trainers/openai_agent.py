@@ -22,7 +22,7 @@ import uuid
 import numpy as np
 import torch
 
-from rlframe.agents.environment import episode_metrics, load_environment, run_episodes
+from rlframe.agents.environment import Running, episode_metrics, load_environment, run_episodes
 from rlframe.agents.openai_endpoint import EndpointLimits, OpenAIEndpoint
 from rlframe.controller.trainers.phases import REWARD_EXTRA
 from rlframe.protocol import DataProto
@@ -65,8 +65,11 @@ class OpenAIAgentLoop:
         self.endpoint.plan(temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k,
                            seeds={f"{prefix}-{k}": (seed, k) for k in range(len(rows))})
         calls_before, rows_before = self.endpoint.batcher.calls, self.endpoint.batcher.rows
+        running = Running()  # a batch of requests closes as soon as every running episode waits for a reply
+        self.endpoint.batcher.ready = lambda waiting: waiting >= running.count
+        self.endpoint.batcher.window_s = 0.2  # while some episode runs its tools, others wait for it (<= 0.5 s)
         results = run_episodes(self.environment, rows, base_url=self.endpoint.base_url, token=self.endpoint.token,
-                               concurrency=self.concurrency, timeout_s=self.timeout_s, prefix=prefix)
+                               concurrency=self.concurrency, timeout_s=self.timeout_s, prefix=prefix, running=running)
         episodes = self.endpoint.store.pop_all()
         batch = self._batch(prompts, [episodes.get(r.id) for r in results], results, n)
         metrics = episode_metrics(results)
