@@ -160,7 +160,7 @@ def _chain(rank, world, port, replicas):
 
 
 def test_chained_replicas_get_what_direct_sends_give():
-    replicas = 3
+    replicas = 2
     results = run_distributed(_chain, world_size=2 + 2 * replicas, args=(free_port(), replicas), timeout_s=240)
     assert [kinds for kinds, *_ in results] == ["PairTransport"] * 3 + ["ProcessGroupTransport"] + \
         ["PairTransport"] * (2 * replicas - 2)

@@ -48,13 +48,10 @@ CASES = {
     "sft": ("sft_tiny", ["data.train_batch_size=16"], {"timing_s/update_actor", "timing_s/step"}),
     # bf16 mixed precision on CPU: actor and reference compute in bf16, vLLM generates in bf16
     "grpo_bf16": ("grpo_tiny", ["data.train_batch_size=4", "actor.precision=bf16"], BASE_TIMERS | {"timing_s/ref"}),
-    # the same with vLLM in its own group: fp32 shards over the weight channel into a bf16 vLLM
-    "grpo_bf16_split": ("grpo_tiny", ["data.train_batch_size=4", "actor.precision=bf16", "resources.placement=split",
-                                      "actor.dp=1", "+resources.split_procs={actor: 1, rollout: 1}"],
-                        BASE_TIMERS | {"timing_s/ref"}),
-    # vLLM in its own process, weights pushed over the channel; critic and actor each in their own
+    # vLLM in its own process, weights pushed over the channel (the actor's fp32 shards into a bf16 vLLM);
+    # critic and actor each in their own
     "ppo_split": ("ppo_tiny", ["data.train_batch_size=16", "resources.placement=split", "actor.dp=1", "critic.dp=1",
-                               "+resources.split_procs={actor: 1, rollout: 1}"],
+                               "+resources.split_procs={actor: 1, rollout: 1}", "actor.precision=bf16"],
                   BASE_TIMERS | {"timing_s/values", "timing_s/update_critic"}),
 }
 
