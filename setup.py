@@ -24,6 +24,11 @@ INSTALL_REQUIRES = [
     "tqdm",
     # the driver's /metrics endpoint (trainer.prometheus_port, rlframe/utils/metrics_endpoint.py)
     "prometheus_client",
+    # agent.mode=openai: the OpenAI-compatible endpoint and the environments' client (rlframe/agents/)
+    "fastapi",
+    "uvicorn",
+    "httpx",
+    "openai",
 ]
 
 IS_X86_LINUX = platform.system() == "Linux" and platform.machine() in ("x86_64", "AMD64")

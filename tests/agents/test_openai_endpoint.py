@@ -13,6 +13,7 @@ import asyncio
 import json
 import time
 
+import openai
 import pytest
 
 from rlframe.agents.environment import episode_metrics, run_episodes
@@ -21,8 +22,6 @@ from rlframe.config import load_config
 from rlframe.controller.trainers.agent_loop import build_agent_loop, tool_turn_text
 from rlframe.controller.trainers.prepare import build_data, model_path
 from rlframe.workers.rollout import SamplingConfig
-
-openai = pytest.importorskip("openai")
 
 AGENT = ["model.tiny_preset=agent", "data.task=tool_arithmetic", "agent.enabled=true", "data.prompt_length=128",
          "data.response_length=96", "data.val_size=16"]

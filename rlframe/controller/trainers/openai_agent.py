@@ -61,7 +61,7 @@ class OpenAIAgentLoop:
                 for i in range(len(prompts)) for j in range(n)]
         prefix = uuid.uuid4().hex[:12]
         seed = sampling.seed if sampling.seed is not None else int(np.random.randint(0, 2**31 - 1))
-        self._generate = lambda gen_in, s: generate(gen_in, s)
+        self._generate = generate
         self.endpoint.plan(temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k,
                            seeds={f"{prefix}-{k}": (seed, k) for k in range(len(rows))})
         calls_before, rows_before = self.endpoint.batcher.calls, self.endpoint.batcher.rows
