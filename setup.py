@@ -28,7 +28,7 @@ INSTALL_REQUIRES = [
     "fastapi",
     "uvicorn",
     "httpx",
-    "openai",
+    "openai[aiohttp]>=3",  # its aiohttp client: the episodes share one pool (rlframe/agents/environment.py)
 ]
 
 IS_X86_LINUX = platform.system() == "Linux" and platform.machine() in ("x86_64", "AMD64")

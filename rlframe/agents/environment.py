@@ -27,6 +27,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from rlframe.utils.event_loop import run_loop
+
 
 def load_environment(spec: str) -> Callable:
     """`path/to/file.py:function` (agent.environment): the episode coroutine function, checked."""
@@ -72,16 +74,21 @@ def _score(value: Any) -> tuple[float, dict[str, float]]:
 
 
 class Running:
-    """How many episodes of a `run_episodes` call are running now (read from other threads)."""
+    """How many episodes of a `run_episodes` call run now or are about to (read from other threads): every
+    unfinished episode up to `concurrency`, counted from the call's start, before the first has sent a
+    request (a count of started episodes would let a batch close on the first request to arrive)."""
 
     def __init__(self):
-        self.count = 0
+        self.unfinished, self.concurrency = 0, 1
+
+    @property
+    def count(self) -> int:
+        return min(self.unfinished, self.concurrency)
 
 
 async def _one(fn, row, result: EpisodeResult, make_client, timeout_s: float, gate: asyncio.Semaphore,
                running: Running) -> None:
     async with gate:
-        running.count += 1
         start = time.monotonic()
         client = make_client(result.id)  # shares the run's connection pool: nothing of its own to close
         try:
@@ -97,27 +104,29 @@ async def _one(fn, row, result: EpisodeResult, make_client, timeout_s: float, ga
             result.status, result.error = "error", f"{type(err).__name__}: {err}"
         finally:
             result.seconds = time.monotonic() - start
-            running.count -= 1
+            running.unfinished -= 1
 
 
 def run_episodes(fn: Callable, rows: list, *, base_url: str, token: str, concurrency: int, timeout_s: float,
                  prefix: str | None = None, grace_s: float = 30.0, running: Running | None = None) -> list[EpisodeResult]:
-    """One episode per row, `concurrency` at a time; results in row order (ids `prefix`-i). Episodes still
+    """One episode per row, `concurrency` at a time (0: all at once); results in row order (ids `prefix`-i). Episodes still
     running `grace_s` after the last wave's timeout (one blocked the event loop) are given up on.
     `running` counts the episodes running at any moment (the endpoint's batcher reads it)."""
-    running = running if running is not None else Running()
     import openai
+
+    concurrency = concurrency or len(rows) or 1
+    running = running if running is not None else Running()
+    running.unfinished, running.concurrency = len(rows), concurrency
 
     prefix = prefix or uuid.uuid4().hex[:12]
     results = [EpisodeResult(id=f"{prefix}-{i}") for i in range(len(rows))]
 
     async def main():
-        import httpx
-
-        # one connection pool for all episodes (a client of its own costs each episode ~20 ms to build);
+        # one connection pool for all episodes (a client of its own costs each episode ~20 ms to build), on
+        # aiohttp: httpx's pool checks every connection against every other on each request and response
+        # (its cost grows as the square of the episodes at once: 50 requests/s at 128 here, 300 on aiohttp);
         # each episode's client is a copy of one base client with its episode id as a default header
-        pool = httpx.AsyncClient(limits=httpx.Limits(max_connections=concurrency + 8,
-                                                     max_keepalive_connections=concurrency + 8), timeout=timeout_s)
+        pool = openai.DefaultAioHttpClient(timeout=timeout_s, limits=_http_limits(concurrency + 8))
         base = openai.AsyncOpenAI(base_url=base_url, api_key=token, max_retries=0, timeout=timeout_s, http_client=pool)
 
         def make_client(episode_id: str):
@@ -130,7 +139,7 @@ def run_episodes(fn: Callable, rows: list, *, base_url: str, token: str, concurr
         finally:
             await pool.aclose()
 
-    thread = threading.Thread(target=lambda: asyncio.run(main()), name="environment-episodes", daemon=True)
+    thread = threading.Thread(target=lambda: run_loop(main()), name="environment-episodes", daemon=True)
     thread.start()
     waves = math.ceil(len(rows) / max(1, concurrency))
     thread.join(timeout=waves * timeout_s + grace_s)  # past this, an episode blocks its event loop: give up on it
@@ -138,6 +147,15 @@ def run_episodes(fn: Callable, rows: list, *, base_url: str, token: str, concurr
         if res.status == "timeout" and not res.error:
             res.error = "never finished (it blocked its event loop?); scored 0"
     return results
+
+
+def _http_limits(connections: int):
+    """Connection limits in the HTTP library the installed openai client is built on (httpx2 from openai 3)."""
+    try:
+        import httpx2 as httpx
+    except ImportError:
+        import httpx
+    return httpx.Limits(max_connections=connections, max_keepalive_connections=connections)
 
 
 def episode_metrics(results: list[EpisodeResult]) -> dict[str, float]:

@@ -23,9 +23,10 @@ episode's response budget (data.response_length: the trajectory is one training 
 
 Generation: a batch of requests closes once none has arrived for `batch_window_s` (20 ms), or
 `batch_max_wait_s` (0.5 s) after its first; then every waiting request goes to `generate` in one call
-per sampling setting (`max_tokens` is the largest of them; each output is cut
-to its own request's), so concurrent episodes share batched generation as the in-process agent loop's
-turns do. One generation thread; the HTTP server runs in a thread of its own.
+per sampling setting (`max_tokens` is the largest of them; each output is cut to its own request's),
+so concurrent episodes share batched generation as the in-process agent loop's turns do; an
+episode's requests go to the generation replica of its first (session affinity, its prefix cache:
+rlframe/workers/rollout/affinity.py). One generation thread; the HTTP server runs in a thread of its own.
 
 Security: bound to 127.0.0.1 unless a host is given; a random token per endpoint; request bodies
 above `max_request_bytes` are refused (413); a request that waits for generation longer than
@@ -50,6 +51,8 @@ import torch
 from fastapi import Request  # at module level: FastAPI resolves the handlers' annotations here
 
 from rlframe.agents.episodes import EpisodeStore, RequestError, normalize_message
+from rlframe.utils.event_loop import run_loop
+from rlframe.workers.rollout.affinity import ReplicaAffinity
 
 UNSUPPORTED = {"stream": "streaming is not supported; set stream=false",
                "stop": "stop strings are not supported (a turn ends at the model's end-of-turn token)",
@@ -65,6 +68,7 @@ class _Job:
     max_tokens: int
     key: tuple  # (temperature, top_p, top_k): requests with one key share a generate call
     seed: int
+    episode: str
     future: concurrent.futures.Future = field(default_factory=concurrent.futures.Future)
 
 
@@ -80,14 +84,17 @@ class GenerationBatcher:
         # ready(n): whether n waiting requests are all there will be for now (every running episode is
         # waiting for a reply): the batch closes at once. Set by whoever runs the episodes.
         self.ready = None
+        # `generate` spreads a call over this many replicas; an episode's turns go to its first one's
+        self.replicas, self.affinity = 1, ReplicaAffinity()
         self._queue: queue.Queue = queue.Queue()
         self.calls = self.rows = 0
         self._thread = threading.Thread(target=self._loop, name="endpoint-generation", daemon=True)
         self._thread.start()
 
     def submit(self, ids: list[int], *, max_tokens: int, temperature: float, top_p: float, top_k: int,
-               seed: int | None) -> concurrent.futures.Future:
-        job = _Job(ids, max_tokens, (temperature, top_p, top_k), random.getrandbits(62) if seed is None else seed)
+               seed: int | None, episode: str = "") -> concurrent.futures.Future:
+        job = _Job(ids, max_tokens, (temperature, top_p, top_k), random.getrandbits(62) if seed is None else seed,
+                   episode)
         self._queue.put(job)
         return job.future
 
@@ -121,6 +128,7 @@ class GenerationBatcher:
         from rlframe.workers.rollout.seeds import SEED_KEY
 
         temperature, top_p, top_k = jobs[0].key
+        jobs = [jobs[i] for i in self.affinity.order([j.episode for j in jobs], self.replicas)]
         try:
             gen_in = DataProto.from_dict(tensors=prompts_from_rows([j.ids for j in jobs], pad_id=self.pad_id))
             gen_in.batch[SEED_KEY] = torch.tensor([j.seed for j in jobs], dtype=torch.long)
@@ -193,15 +201,16 @@ class OpenAIEndpoint:
         with (seed, sample) is seeded from (seed, sample, t), as the in-process agent loop seeds its turns."""
         self.fixed = {"temperature": float(temperature), "top_p": float(top_p), "top_k": int(top_k)}
         self.seeds = dict(seeds)
+        self.batcher.affinity = ReplicaAffinity()  # episode ids are the rollout's
 
     # the server
     def start(self, timeout_s: float = 30.0) -> "OpenAIEndpoint":
         import uvicorn
 
         config = uvicorn.Config(self.app(), log_level="warning", access_log=False, lifespan="off",
-                                http="auto", loop="auto")  # httptools and uvloop when installed
+                                http="auto")  # httptools when installed; the loop is uvloop's when installed (run_loop)
         self._server = uvicorn.Server(config)
-        self._thread = threading.Thread(target=lambda: asyncio.run(self._server.serve(sockets=[self._sock])),
+        self._thread = threading.Thread(target=lambda: run_loop(self._server.serve(sockets=[self._sock])),
                                         name="openai-endpoint", daemon=True)
         self._thread.start()
         deadline = time.monotonic() + timeout_s
@@ -353,7 +362,8 @@ class OpenAIEndpoint:
                                    code="context_length_exceeded")
             limit = min(x for x in (left, sampling["max_tokens"], self.limits.max_tokens) if x is not None)
             future = self.batcher.submit(context, max_tokens=limit, temperature=sampling["temperature"],
-                                         top_p=sampling["top_p"], top_k=sampling["top_k"], seed=sampling["seed"])
+                                         top_p=sampling["top_p"], top_k=sampling["top_k"], seed=sampling["seed"],
+                                         episode=episode_id)
             try:
                 sampled, log_probs, ended = await asyncio.wait_for(asyncio.wrap_future(future),
                                                                    self.limits.request_timeout_s)

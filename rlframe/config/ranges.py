@@ -132,7 +132,7 @@ RANGES: dict[str, Rule] = {
     "rollout.partial_budget": at_least(0, " (0: whole responses in one round)"),
     "agent.max_turns": at_least(1, " (assistant turns per trajectory)"),
     "agent.max_result_chars": at_least(1, ""),
-    "agent.concurrency": at_least(1, " (episodes at once, agent.mode=openai)"),
+    "agent.concurrency": at_least(0, " (episodes at once, 0 all of a rollout's, agent.mode=openai)"),
     "agent.episode_timeout_s": above(0, " (seconds an episode may take, agent.mode=openai)"),
     "algorithm.tis_cap": at_least(1.0, " (the largest importance weight kept)"),
 }

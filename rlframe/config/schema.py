@@ -303,7 +303,7 @@ class AgentConfig:
     # OpenAI-compatible endpoint, its episodes recorded token for token (docs/agents.md).
     mode: str = "tools"
     environment: str | None = None
-    concurrency: int = 64  # episodes at once
+    concurrency: int = 0  # episodes at once (0: all of a rollout's, as the in-process loop batches them)
     episode_timeout_s: float = 300.0  # past it an episode is scored 0
     endpoint_host: str = "127.0.0.1"  # where the endpoint listens (only this machine's processes by default)
 

@@ -84,19 +84,49 @@ def tool_environment(loop, *, temperature: float, max_turns: int, seed=None):
     return episode
 
 
+def _recording(generate, calls: list):
+    """`generate`, keeping each call's rows (their prompt tokens) in the order the call cuts them over replicas."""
+    def gen(gen_in, sampling):
+        ids, mask = gen_in.batch["input_ids"], gen_in.batch["attention_mask"]
+        calls.append([ids[i][mask[i].bool()].tolist() for i in range(len(gen_in))])
+        return generate(gen_in, sampling)
+    return gen
+
+
+def _replica_moves(calls: list, sequences: list[list[int]], replicas: int) -> tuple[int, int]:
+    """(later turns on their conversation's earlier replica, later turns elsewhere): each recorded row is the
+    one conversation whose final tokens it begins; row k of an n-row call runs on replica k // ceil(n / replicas)."""
+    last: dict[int, int] = {}
+    kept = moved = 0
+    for rows in calls:
+        per = -(-len(rows) // replicas)
+        for k, row in enumerate(rows):
+            (j,) = [j for j, seq in enumerate(sequences) if seq[:len(row)] == row]
+            if j in last:
+                kept, moved = kept + (last[j] == k // per), moved + (last[j] != k // per)
+            last[j] = k // per
+    return kept, moved
+
+
 def test_greedy_episodes_equal_the_in_process_agent_loop(setup):
     """Temperature 0: each episode's record (prompt, tokens, mask, log-probs) is the agent loop's
-    trajectory of the same row, token for token."""
+    trajectory of the same row, token for token. Both spread their calls over 2 replicas: a conversation's
+    later turns go to the replica of its earlier ones (as the calls' cuts show), the rest counted as moved."""
     cfg, tokenizer, val, loop, generate, endpoint = setup
     rows = [val[i] for i in range(8)]
     from rlframe.protocol import DataProto
     from rlframe.workers.rollout.batch import prompts_from_rows
 
     prompts = DataProto.from_dict(tensors=prompts_from_rows([r.prompt_ids for r in rows], pad_id=tokenizer.pad_token_id))
-    batch, _ = loop.run(prompts, SamplingConfig(n=1, temperature=0.0, max_new_tokens=cfg.data.response_length),
-                        generate)
-    results = run_episodes(tool_environment(loop, temperature=0.0, max_turns=cfg.agent.max_turns), rows,
-                           base_url=endpoint.base_url, token=endpoint.token, concurrency=8, timeout_s=120)
+    loop_calls, endpoint_calls = [], []
+    batch, metrics = loop.run(prompts, SamplingConfig(n=1, temperature=0.0, max_new_tokens=cfg.data.response_length),
+                              _recording(generate, loop_calls), replicas=2)
+    endpoint.batcher.generate, endpoint.batcher.replicas = _recording(generate, endpoint_calls), 2
+    try:
+        results = run_episodes(tool_environment(loop, temperature=0.0, max_turns=cfg.agent.max_turns), rows,
+                               base_url=endpoint.base_url, token=endpoint.token, concurrency=8, timeout_s=120)
+    finally:
+        endpoint.batcher.generate, endpoint.batcher.replicas = generate, 1
     assert [r.status for r in results] == ["ok"] * 8, [(r.status, r.error) for r in results]
     episodes = endpoint.store.pop_all()
     resp, mask = batch.batch["responses"], batch.batch["response_mask"]
@@ -109,6 +139,11 @@ def test_greedy_episodes_equal_the_in_process_agent_loop(setup):
         assert ep.log_probs == pytest.approx(batch.batch["rollout_log_probs"][i][att[i]].tolist(), abs=1e-5)
         assert ep.turns == int(batch.batch["agent_turns"][i])
     assert sum(ep.turns for ep in episodes.values()) > len(rows)  # tools were called: multi-turn episodes
+    sequences = [episodes[r.id].prompt + episodes[r.id].tokens for r in results]
+    for calls, affinity_moved in ((loop_calls, metrics["agent/replica_moved_turns"]),
+                                  (endpoint_calls, endpoint.batcher.affinity.moved)):
+        kept, moved = _replica_moves(calls, sequences, replicas=2)
+        assert kept >= max(1, moved) and moved == affinity_moved, (kept, moved, affinity_moved)
 
 
 def test_concurrent_sampled_episodes_are_recorded_exactly(setup):

@@ -188,7 +188,7 @@ CASES = [
      "agent.environment=", "must be `async def episode(client, row)`"),
     ("agent.enabled=true agent.mode=openai agent.environment=/no/such/env.py:episode", "agent.environment=",
      "is not a file"),
-    ("agent.concurrency=0", "agent.concurrency=0", "agent.concurrency=64"),
+    ("agent.concurrency=-1", "agent.concurrency=-1", "agent.concurrency=0"),
     ("agent.enabled=true agent.builtin_tools=[calculator,search]", "agent.builtin_tools=['calculator', 'search']",
      "built-in tools: ['calculator']"),
     # optional packages of trainer.loggers (skipped where installed)

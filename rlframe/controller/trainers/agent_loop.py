@@ -40,6 +40,7 @@ from rlframe.controller.preflight.checks import turns_append_only
 from rlframe.controller.trainers.phases import add_generation_metrics
 from rlframe.protocol import DataProto
 from rlframe.workers.rollout import SamplingConfig
+from rlframe.workers.rollout.affinity import ReplicaAffinity
 from rlframe.workers.rollout.batch import assemble_batch, prompts_from_rows
 from rlframe.workers.rollout.seeds import SEED_KEY, seeds_for
 from rlframe.workers.rollout.stops import end_of_sequence_ids
@@ -106,7 +107,10 @@ class AgentLoop:
         self.turn_checks: list | None = None  # preflight: a list to which each run adds its append-only check
         tool_turn_text(tokenizer, ["0"])  # the template's errors surface before any generation
 
-    def run(self, prompts: DataProto, sampling: SamplingConfig, generate: Generate) -> tuple[DataProto, dict]:
+    def run(self, prompts: DataProto, sampling: SamplingConfig, generate: Generate, *,
+            replicas: int = 1) -> tuple[DataProto, dict]:
+        """`replicas`: the generation replicas `generate` spreads a call over; a trajectory's turns go to the
+        replica of its first (rlframe/workers/rollout/affinity.py)."""
         ids, mask = prompts.batch["input_ids"], prompts.batch["attention_mask"]
         n = sampling.n
         trajs = [Trajectory(prompt=ids[i][mask[i].bool()].tolist(), sample=i * n + j)
@@ -115,8 +119,10 @@ class AgentLoop:
         metrics: dict[str, float] = {}
         turn = 0
         snapshots = [[] for _ in trajs]  # preflight: each trajectory's tokens after every turn
+        affinity = ReplicaAffinity()
         while active := [t for t in trajs if not t.done]:
             turn += 1
+            active = [active[i] for i in affinity.order([t.sample for t in active], replicas)]
             self._generate_turn(active, sampling, generate, seed_salt=turn, metrics=metrics)
             pending = [(t, calls) for t in active if (calls := self._calls_to_run(t))]
             if pending:
@@ -131,6 +137,7 @@ class AgentLoop:
             if self.turn_checks is not None:
                 for snap, t in zip(snapshots, trajs):
                     snap.append(list(t.tokens))
+        metrics["agent/replica_moved_turns"] = float(affinity.moved)
         batch = self._batch(prompts, trajs, n)
         if self.turn_checks is not None:
             self.turn_checks.append(turns_append_only(snapshots, _response_rows(batch)))

@@ -53,7 +53,8 @@ class OpenAIAgentLoop:
     def close(self) -> None:
         self.endpoint.close()
 
-    def run(self, prompts: DataProto, sampling: SamplingConfig, generate) -> tuple[DataProto, dict]:
+    def run(self, prompts: DataProto, sampling: SamplingConfig, generate, *, replicas: int = 1) -> tuple[DataProto, dict]:
+        """`replicas`: the generation replicas `generate` spreads a call over (an episode's requests go to one)."""
         nt, n = prompts.non_tensor_batch, sampling.n
         rows = [{"prompt": list(nt["raw_prompt"][i]), "ground_truth": nt["ground_truth"][i],
                  "data_source": nt["data_source"][i], "extra_info": nt["extra_info"][i],
@@ -61,13 +62,15 @@ class OpenAIAgentLoop:
                 for i in range(len(prompts)) for j in range(n)]
         prefix = uuid.uuid4().hex[:12]
         seed = sampling.seed if sampling.seed is not None else int(np.random.randint(0, 2**31 - 1))
-        self._generate = generate
+        self._generate, self.endpoint.batcher.replicas = generate, replicas
         self.endpoint.plan(temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k,
                            seeds={f"{prefix}-{k}": (seed, k) for k in range(len(rows))})
         calls_before, rows_before = self.endpoint.batcher.calls, self.endpoint.batcher.rows
         running = Running()  # a batch of requests closes as soon as every running episode waits for a reply
         self.endpoint.batcher.ready = lambda waiting: waiting >= running.count
-        self.endpoint.batcher.window_s = 0.2  # while some episode runs its tools, others wait for it (<= 0.5 s)
+        # while some episode runs its tools the others wait for it, up to a 0.2 s lull; no tighter cap than
+        # 5 s while requests keep coming (a rollout's first turns arrive over ~0.5 s: one call, not two)
+        self.endpoint.batcher.window_s, self.endpoint.batcher.max_wait_s = 0.2, 5.0
         results = run_episodes(self.environment, rows, base_url=self.endpoint.base_url, token=self.endpoint.token,
                                concurrency=self.concurrency, timeout_s=self.timeout_s, prefix=prefix, running=running)
         episodes = self.endpoint.store.pop_all()
@@ -80,6 +83,7 @@ class OpenAIAgentLoop:
                         "agent/env_tokens_mean": float(np.mean([len(e.mask) - sum(e.mask) for e in recorded]))
                         if recorded else 0.0,
                         "agent/generate_calls": float(self.endpoint.batcher.calls - calls_before),
+                        "agent/replica_moved_turns": float(self.endpoint.batcher.affinity.moved),
                         "agent/requests": float(self.endpoint.batcher.rows - rows_before)})
         return batch, metrics
 

@@ -249,7 +249,7 @@ class PPOTrainer:
 
         if self.agent is None:
             return one_call(prompts, sampling)
-        return self.agent.run(prompts, sampling, one_call)
+        return self.agent.run(prompts, sampling, one_call, replicas=self.roles.replicas)
 
     def score(self, batch: DataProto) -> tuple[DataProto, dict]:
         return phases.score(batch, cfg=self.cfg, tokenizer=self.tokenizer, reward_manager=self.reward,
