@@ -345,6 +345,9 @@ class OpenAIEndpoint:
         tools = req.get("tools") if chat else None
         if tools is not None and not (isinstance(tools, list) and all(isinstance(t, dict) for t in tools)):
             raise RequestError("tools must be a list of tool objects", param="tools")
+        if self.seeds and episode_id not in self.seeds:  # e.g. an episode of an earlier rollout given up on
+            raise RequestError(f"episode {episode_id!r} is not one of this rollout's episodes", status=409,
+                               code="episode_not_in_rollout")
         ep, added, context = self.store.begin(episode_id, messages, tools)
         try:
             if not ep.turns and self.limits.max_prompt_tokens and len(added) > self.limits.max_prompt_tokens:

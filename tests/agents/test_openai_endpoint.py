@@ -231,6 +231,14 @@ def test_bad_requests_get_openai_errors(setup):
     with pytest.raises(openai.APIStatusError) as err:  # the episode was taken for training
         client.chat.completions.create(model="policy", messages=messages)
     assert err.value.status_code == 410
+    endpoint.plan(temperature=1.0, top_p=1.0, top_k=-1, seeds={"ep-a": (1, 0)})  # a training rollout's episodes
+    try:
+        with pytest.raises(openai.APIStatusError) as err:  # one of an earlier rollout (given up on) is refused
+            client.chat.completions.create(model="policy", messages=messages)
+        assert err.value.status_code == 409 and err.value.code == "episode_not_in_rollout"
+    finally:
+        endpoint.plan(temperature=1.0, top_p=1.0, top_k=-1, seeds={})
+        endpoint.fixed = None
 
 
 def test_misbehaving_environments_are_scored_zero_and_counted(setup):

@@ -44,7 +44,7 @@ def valid(row: dict) -> bool:
     """What the config validation refuses, as predicates (a chosen row is validated for real too)."""
     return not ((row["async"] and row["placement"] != "split")
                 or (row["strategy"] == "megatron" and (row["lora"] != "off" or row["layout"] == "sp2"))
-                or (row["agent"] != "off" and (row["partial"] == "on" or row["algorithm"] != "grpo"))
+                or (row["agent"] != "off" and row["partial"] == "on")
                 or (row["async"] and (row["partial"] == "on" or row["agent"] != "off"))
                 or (row["fanout"] == "chain" and (row["placement"] != "split" or row["replicas"] != 2)))
 
