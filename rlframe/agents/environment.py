@@ -76,10 +76,16 @@ def _score(value: Any) -> tuple[float, dict[str, float]]:
 class Running:
     """How many episodes of a `run_episodes` call run now or are about to (read from other threads): every
     unfinished episode up to `concurrency`, counted from the call's start, before the first has sent a
-    request (a count of started episodes would let a batch close on the first request to arrive)."""
+    request (a count of started episodes would let a batch close on the first request to arrive).
+    `on_finish` (if set) is called, from the episodes' thread, each time one ends."""
 
-    def __init__(self):
-        self.unfinished, self.concurrency = 0, 1
+    def __init__(self, on_finish: Callable[[], None] | None = None):
+        self.unfinished, self.concurrency, self.on_finish = 0, 1, on_finish
+
+    def finished(self) -> None:
+        self.unfinished -= 1
+        if self.on_finish is not None:
+            self.on_finish()
 
     @property
     def count(self) -> int:
@@ -104,14 +110,16 @@ async def _one(fn, row, result: EpisodeResult, make_client, timeout_s: float, ga
             result.status, result.error = "error", f"{type(err).__name__}: {err}"
         finally:
             result.seconds = time.monotonic() - start
-            running.unfinished -= 1
+            running.finished()
 
 
 def run_episodes(fn: Callable, rows: list, *, base_url: str, token: str, concurrency: int, timeout_s: float,
                  prefix: str | None = None, grace_s: float = 30.0, running: Running | None = None) -> list[EpisodeResult]:
-    """One episode per row, `concurrency` at a time (0: all at once); results in row order (ids `prefix`-i). Episodes still
-    running `grace_s` after the last wave's timeout (one blocked the event loop) are given up on.
-    `running` counts the episodes running at any moment (the endpoint's batcher reads it)."""
+    """One episode per row, `concurrency` at a time (0: all at once); results in row order (ids `prefix`-i). An
+    episode's `timeout_s` counts from its start (with every episode at once, the call's: it covers the waits
+    for batched generation too). Episodes still running `grace_s` after the last wave's timeout (one blocked
+    the event loop) are given up on. `running` counts the episodes running at any moment (the endpoint's
+    batcher reads it). What keeps the episodes from running at all (no HTTP client) is raised here."""
     import openai
 
     concurrency = concurrency or len(rows) or 1
@@ -126,7 +134,7 @@ def run_episodes(fn: Callable, rows: list, *, base_url: str, token: str, concurr
         # aiohttp: httpx's pool checks every connection against every other on each request and response
         # (its cost grows as the square of the episodes at once: 50 requests/s at 128 here, 300 on aiohttp);
         # each episode's client is a copy of one base client with its episode id as a default header
-        pool = openai.DefaultAioHttpClient(timeout=timeout_s, limits=_http_limits(concurrency + 8))
+        pool = openai.DefaultAioHttpClient(timeout=timeout_s, limits=_http_limits(_connections(concurrency)))
         base = openai.AsyncOpenAI(base_url=base_url, api_key=token, max_retries=0, timeout=timeout_s, http_client=pool)
 
         def make_client(episode_id: str):
@@ -139,14 +147,35 @@ def run_episodes(fn: Callable, rows: list, *, base_url: str, token: str, concurr
         finally:
             await pool.aclose()
 
-    thread = threading.Thread(target=lambda: run_loop(main()), name="environment-episodes", daemon=True)
+    failure: list[BaseException] = []
+
+    def target():
+        try:
+            run_loop(main())
+        except BaseException as err:  # noqa: BLE001 - handed to the caller
+            failure.append(err)
+
+    thread = threading.Thread(target=target, name="environment-episodes", daemon=True)
     thread.start()
     waves = math.ceil(len(rows) / max(1, concurrency))
     thread.join(timeout=waves * timeout_s + grace_s)  # past this, an episode blocks its event loop: give up on it
+    if failure:
+        raise RuntimeError(f"the environment's episodes could not run: {type(failure[0]).__name__}: "
+                           f"{failure[0]}") from failure[0]
     for res in results:
         if res.status == "timeout" and not res.error:
             res.error = "never finished (it blocked its event loop?); scored 0"
     return results
+
+
+def _connections(concurrency: int) -> int:
+    """Connections for `concurrency` episodes at once, within the open-files limit: the driver holds both
+    ends of each (the endpoint serves in the same process); past it requests wait for a free connection."""
+    import resource
+
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    room = (soft - 512) // 2 if soft != resource.RLIM_INFINITY else concurrency + 8
+    return max(16, min(concurrency + 8, room))
 
 
 def _http_limits(connections: int):

@@ -62,6 +62,9 @@ UNSUPPORTED = {"stream": "streaming is not supported; set stream=false",
                "best_of": "best_of is not supported", "echo": "echo is not supported", "suffix": "suffix is not supported"}
 
 
+_WAKE = object()  # in the batcher's queue: re-check `ready`
+
+
 @dataclass
 class _Job:
     ids: list[int]
@@ -102,12 +105,18 @@ class GenerationBatcher:
         self._queue.put(None)
         self._thread.join(timeout=30)
 
+    def wake(self) -> None:
+        """Look at `ready` again now (what it reads changed: an episode ended without another request)."""
+        self._queue.put(_WAKE)
+
     def _loop(self) -> None:
         """A batch closes when no request has arrived for `window_s`, at `max_batch` requests, or `max_wait_s`
         after its first: concurrent episodes' requests trickle in (each client parses its last reply and
         renders the next turn first), and a call per few requests would cost more than the wait; at once
-        when `ready` says every running episode is waiting."""
+        when `ready` says every running episode is waiting (checked at each request and each `wake`)."""
         while (first := self._queue.get()) is not None:
+            if first is _WAKE:
+                continue
             jobs, cap = [first], time.monotonic() + self.max_wait_s
             while len(jobs) < self.max_batch and not (self.ready is not None and self.ready(len(jobs))):
                 try:
@@ -117,7 +126,8 @@ class GenerationBatcher:
                 if job is None:
                     self._queue.put(None)
                     break
-                jobs.append(job)
+                if job is not _WAKE:
+                    jobs.append(job)
             for key in dict.fromkeys(j.key for j in jobs):
                 self._run([j for j in jobs if j.key == key])
 

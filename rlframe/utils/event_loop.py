@@ -10,8 +10,19 @@ def run_loop(coro):
     try:
         import uvloop
 
-        factory = uvloop.new_event_loop
+        loop = uvloop.new_event_loop()
     except ImportError:
-        factory = None
-    with asyncio.Runner(loop_factory=factory) as runner:
-        return runner.run(coro)
+        loop = asyncio.new_event_loop()
+    asyncio.set_event_loop(loop)
+    try:
+        return loop.run_until_complete(coro)
+    finally:
+        try:
+            left = asyncio.all_tasks(loop)  # what the coroutine left running
+            for task in left:
+                task.cancel()
+            loop.run_until_complete(asyncio.gather(*left, return_exceptions=True))
+            loop.run_until_complete(loop.shutdown_asyncgens())
+        finally:
+            asyncio.set_event_loop(None)
+            loop.close()

@@ -266,3 +266,32 @@ def test_misbehaving_environments_are_scored_zero_and_counted(setup):
     results = run_episodes(episode, [{"kind": "block"}], base_url=endpoint.base_url, token=endpoint.token,
                            concurrency=1, timeout_s=1, grace_s=1)
     assert results[0].status == "timeout" and results[0].reward == 0.0 and time.monotonic() - start < 4
+
+
+def test_a_batch_closes_when_the_last_other_episode_ends_without_a_request(setup):
+    """Training's rule (a batch closes once every unfinished episode waits for a reply) also fires when the
+    last change is an episode ending rather than a request arriving: with a 60 s lull window the waiting
+    request would otherwise outlive its episode's 20 s."""
+    from rlframe.agents.environment import Running
+
+    cfg, tokenizer, val, loop, generate, endpoint = setup
+    messages = list(val[0].raw_prompt)
+
+    async def episode(client, row):
+        if row == "quit":
+            await asyncio.sleep(0.3)  # ends after the other's request is queued, sending none
+            return 1.0
+        await client.chat.completions.create(model="policy", messages=messages, temperature=0, max_tokens=2)
+        return 1.0
+
+    batcher = endpoint.batcher
+    running = Running(on_finish=batcher.wake)
+    saved = batcher.ready, batcher.window_s, batcher.max_wait_s
+    batcher.ready, batcher.window_s, batcher.max_wait_s = (lambda waiting: waiting >= running.count), 60.0, 60.0
+    try:
+        results = run_episodes(episode, ["ask", "quit"], base_url=endpoint.base_url, token=endpoint.token,
+                               concurrency=0, timeout_s=20, running=running)
+    finally:
+        batcher.ready, batcher.window_s, batcher.max_wait_s = saved
+    endpoint.store.pop_all()
+    assert [r.status for r in results] == ["ok", "ok"], [(r.status, r.error) for r in results]

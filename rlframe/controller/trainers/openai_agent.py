@@ -66,11 +66,12 @@ class OpenAIAgentLoop:
         self.endpoint.plan(temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k,
                            seeds={f"{prefix}-{k}": (seed, k) for k in range(len(rows))})
         calls_before, rows_before = self.endpoint.batcher.calls, self.endpoint.batcher.rows
-        running = Running()  # a batch of requests closes as soon as every running episode waits for a reply
-        self.endpoint.batcher.ready = lambda waiting: waiting >= running.count
+        batcher = self.endpoint.batcher
+        running = Running(on_finish=batcher.wake)  # a batch closes once every unfinished episode waits for a reply
+        batcher.ready, batcher.max_batch = (lambda waiting: waiting >= running.count), max(1, len(rows))
         # while some episode runs its tools the others wait for it, up to a 0.2 s lull; no tighter cap than
         # 5 s while requests keep coming (a rollout's first turns arrive over ~0.5 s: one call, not two)
-        self.endpoint.batcher.window_s, self.endpoint.batcher.max_wait_s = 0.2, 5.0
+        batcher.window_s, batcher.max_wait_s = 0.2, 5.0
         results = run_episodes(self.environment, rows, base_url=self.endpoint.base_url, token=self.endpoint.token,
                                concurrency=self.concurrency, timeout_s=self.timeout_s, prefix=prefix, running=running)
         episodes = self.endpoint.store.pop_all()
