@@ -1,0 +1,104 @@
+"""What every claim script shares: run the main job with overrides and seeds, read its metrics, summarise
+over seeds (mean and range), plot curves with their spread, and write the claim's section of docs/claims.md.
+
+    rows = run_job(["algorithm=grpo", ...], seed=0, out=tmp)     # one run: its metrics.jsonl rows
+    at_end(rows, "actor/entropy", last=10)                      # a run's value over its last steps
+    spread([0.41, 0.45, 0.39]) -> "0.417 (0.390-0.450)"
+    plot_curves({"label": [rows, rows, rows]}, ["actor/entropy", "val/accuracy"], path)
+    write_claim("## 2. ...", body)                               # docs/claims.md
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from report import machine_line, machine_state, write_section  # noqa: E402
+
+CLAIMS_MD = ROOT / "docs" / "claims.md"
+FIGURES = ROOT / "docs" / "img"
+SEEDS = (0, 1, 2)
+QUIET = ["trainer.save_every=0", "trainer.export_hf=false", "trainer.plot=false", "trainer.resume=off",
+         "trainer.progress_bar=false", "trainer.loggers=[jsonl]"]
+
+
+def run_job(overrides: list[str], *, seed: int, out: Path, name: str, config: str = "grpo_tiny") -> list[dict]:
+    """`python -m rlframe.main --config-name config overrides` with trainer.seed=seed; its metrics rows."""
+    exp = f"{name}_s{seed}"
+    cmd = [sys.executable, "-m", "rlframe.main", "--config-name", config, *overrides, *QUIET, f"trainer.seed={seed}",
+           f"trainer.output_dir={out}", f"trainer.experiment={exp}"]
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{name} seed {seed} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+    rows = [json.loads(line) for line in (out / exp / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    print(f"  {name} seed {seed}: {time.perf_counter() - t0:.0f} s", flush=True)
+    return rows
+
+
+def series(rows: list[dict], key: str) -> tuple[list[int], list[float]]:
+    pts = [(r["step"], r[key]) for r in rows if key in r]
+    return [s for s, _ in pts], [v for _, v in pts]
+
+
+def at_end(rows: list[dict], key: str, *, last: int = 1) -> float:
+    """The mean of `key` over the run's last `last` rows that have it."""
+    _, values = series(rows, key)
+    return statistics.fmean(values[-last:])
+
+
+def spread(values: list[float], fmt: str = ".3f") -> str:
+    return f"{statistics.fmean(values):{fmt}} ({min(values):{fmt}}-{max(values):{fmt}})"
+
+
+def plot_curves(runs: dict[str, list[list[dict]]], keys: list[str], path: Path, *, titles: dict | None = None,
+                smooth: dict | None = None) -> None:
+    """One panel per key: per label the mean over its runs (seeds) and a band from their min to max;
+    `smooth`: key -> a running mean over that many points first (per run)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    fig, axes = plt.subplots(1, len(keys), figsize=(5 * len(keys), 3.8))
+    for ax, key in zip(np.atleast_1d(axes), keys):
+        for label, group in runs.items():
+            curves = [series(rows, key) for rows in group]
+            n = min(len(v) for _, v in curves)
+            steps = curves[0][0][:n]
+            vals = np.array([v[:n] for _, v in curves], dtype=float)
+            k = (smooth or {}).get(key, 1)
+            if k > 1 and n >= k:
+                vals = np.array([np.convolve(v, np.ones(k) / k, mode="valid") for v in vals])
+                steps = steps[k - 1:]
+            ax.plot(steps, vals.mean(0), label=f"{label} (mean of {len(group)})")
+            ax.fill_between(steps, vals.min(0), vals.max(0), alpha=0.2)
+        ax.set(xlabel="step", title=(titles or {}).get(key, key))
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def write_claim(section: str, command: str, body: str, before: dict, after: dict) -> None:
+    """docs/claims.md's `section`: the command, the machine, the body (table, figure, verdict)."""
+    if not CLAIMS_MD.exists():
+        CLAIMS_MD.write_text("# The papers' claims at small scale\n\nEach section: one claim, the script that tests it "
+                             "(3 seeds on this machine), the numbers with their spread (mean and range over seeds), a "
+                             "plot and a verdict. Regenerate a section with its command.\n")
+    head = (f"Reproduce: `{command}`. {machine_line()} Load average {before['load1']:.1f} before, "
+            f"{after['load1']:.1f} after; fp32 matmul {before['gflops']:.0f} GFLOP/s.")
+    write_section(section, f"{head}\n\n{body}", path=CLAIMS_MD)
+
+
+__all__ = ["ROOT", "FIGURES", "SEEDS", "run_job", "series", "at_end", "spread", "plot_curves", "write_claim",
+           "machine_state"]
