@@ -15,7 +15,6 @@ share of tokens the upper bound clipped (actor/pg_clipfrac).
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import sys
 import tempfile
@@ -23,7 +22,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import FIGURES, SEEDS, at_end, machine_state, plot_curves, run_job, spread, write_claim  # noqa: E402
+from common import (FIGURES, SEEDS, at_end, claim_args, machine_state, plot_curves, publish, run_job,  # noqa: E402
+                    spread)
 
 SECTION = "## DAPO: clip-higher keeps the entropy from collapsing"
 BASE = ["algorithm=grpo", "algorithm.use_kl_loss=false", "algorithm.loss_agg_mode=token-mean",
@@ -33,10 +33,7 @@ ARMS = {"symmetric clip 0.2": ["algorithm.clip_ratio_high=0.2"],
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--steps", type=int, default=60)
-    ap.add_argument("--no-write", action="store_true")
-    args = ap.parse_args()
+    args = claim_args(__doc__)
     before = machine_state()
     runs = {name: [] for name in ARMS}
     with tempfile.TemporaryDirectory() as tmp:
@@ -82,13 +79,10 @@ def main() -> None:
                 smooth={"actor/entropy": 3, "actor/pg_clipfrac": 3},
                 titles={"actor/entropy": "entropy per token (3-step mean)", "val/accuracy": "held-out accuracy",
                         "actor/pg_clipfrac": "share of tokens clipped"})
-    body = (f"GRPO on two-digit addition (tiny demo model), token-mean loss, no KL, 4 optimizer steps per batch, "
-            f"{args.steps} steps, seeds {', '.join(map(str, SEEDS))}; mean (range) over seeds.\n\n" + "\n".join(table)
-            + f"\n\n![entropy, accuracy and clipping over training](img/{figure.name})\n\n{verdict}")
-    print(body)
-    if not args.no_write:
-        write_claim(SECTION, f"python benchmarks/claims/clip_higher.py --steps {args.steps}", body, before, after)
-
+    publish(SECTION, "clip_higher.py", args, intro=(
+        f"GRPO on two-digit addition (tiny demo model), token-mean loss, no KL, 4 optimizer steps per batch, "
+        f"{args.steps} steps, seeds {', '.join(map(str, SEEDS))}; mean (range) over seeds."), table=table, figure=figure,
+        caption="entropy, accuracy and clipping over training", verdict=verdict, before=before, after=after)
 
 if __name__ == "__main__":
     main()

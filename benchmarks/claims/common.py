@@ -89,6 +89,25 @@ def plot_curves(runs: dict[str, list[list[dict]]], keys: list[str], path: Path, 
     plt.close(fig)
 
 
+def claim_args(doc: str):
+    """The command line every claim script takes: --steps (per run) and --no-write."""
+    import argparse
+
+    ap = argparse.ArgumentParser(description=doc.splitlines()[0])
+    ap.add_argument("--steps", type=int, default=60)
+    ap.add_argument("--no-write", action="store_true")
+    return ap.parse_args()
+
+
+def publish(section: str, script: str, args, *, intro: str, table: list[str], figure: Path, caption: str,
+            verdict: str, before: dict, after: dict) -> None:
+    """Print the claim's body (intro, table, figure, verdict) and, unless --no-write, write its section."""
+    body = f"{intro}\n\n" + "\n".join(table) + f"\n\n![{caption}](img/{figure.name})\n\n{verdict}"
+    print(body)
+    if not args.no_write:
+        write_claim(section, f"python benchmarks/claims/{script} --steps {args.steps}", body, before, after)
+
+
 def write_claim(section: str, command: str, body: str, before: dict, after: dict) -> None:
     """docs/claims.md's `section`: the command, the machine, the body (table, figure, verdict)."""
     if not CLAIMS_MD.exists():
@@ -100,5 +119,5 @@ def write_claim(section: str, command: str, body: str, before: dict, after: dict
     write_section(section, f"{head}\n\n{body}", path=CLAIMS_MD)
 
 
-__all__ = ["ROOT", "FIGURES", "SEEDS", "run_job", "series", "at_end", "spread", "plot_curves", "write_claim",
-           "machine_state"]
+__all__ = ["ROOT", "FIGURES", "SEEDS", "run_job", "series", "at_end", "spread", "plot_curves", "claim_args", "publish",
+           "write_claim", "machine_state"]

@@ -18,7 +18,6 @@ behind" it when its mean is below that arm's worst seed (or that arm's mean abov
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import sys
 import tempfile
@@ -26,7 +25,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import FIGURES, SEEDS, machine_state, plot_curves, run_job, series, spread, write_claim  # noqa: E402
+from common import (FIGURES, SEEDS, claim_args, machine_state, plot_curves, publish, run_job, series,  # noqa: E402
+                    spread)
 
 SECTION = "## Lite PPO matches or beats GRPO and DAPO without a critic"
 ARMS = {"GRPO": "grpo", "DAPO": "dapo", "Lite PPO": "lite_ppo"}
@@ -38,10 +38,7 @@ def late_accuracy(rows: list[dict]) -> float:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--steps", type=int, default=60)
-    ap.add_argument("--no-write", action="store_true")
-    args = ap.parse_args()
+    args = claim_args(__doc__)
     before = machine_state()
     runs = {name: [] for name in ARMS}
     with tempfile.TemporaryDirectory() as tmp:
@@ -79,13 +76,10 @@ def main() -> None:
     figure = FIGURES / "claim_lite_ppo.png"
     plot_curves(runs, ["val/accuracy", "actor/entropy"], figure, smooth={"actor/entropy": 3},
                 titles={"val/accuracy": "held-out accuracy (greedy)", "actor/entropy": "entropy per token (3-step mean)"})
-    body = (f"Each algorithm's config group as shipped, two-digit addition (tiny demo model), 64 prompts x 4 samples "
-            f"a step, {args.steps} steps, evaluation every 10.\n\n" + "\n".join(table)
-            + f"\n\n![held-out accuracy and entropy over training](img/{figure.name})\n\n{verdict}")
-    print(body)
-    if not args.no_write:
-        write_claim(SECTION, f"python benchmarks/claims/lite_ppo.py --steps {args.steps}", body, before, after)
-
+    publish(SECTION, "lite_ppo.py", args, intro=(
+        f"Each algorithm's config group as shipped, two-digit addition (tiny demo model), 64 prompts x 4 samples a "
+        f"step, {args.steps} steps, evaluation every 10."), table=table, figure=figure,
+        caption="held-out accuracy and entropy over training", verdict=verdict, before=before, after=after)
 
 if __name__ == "__main__":
     main()
