@@ -45,7 +45,12 @@ class OpenAIAgentLoop:
         self.endpoint = OpenAIEndpoint(self._call, tokenizer, model=MODEL_NAME, response_length=self.response_length,
                                        host=agent.endpoint_host,
                                        limits=EndpointLimits(request_timeout_s=agent.episode_timeout_s,
-                                                             max_prompt_tokens=cfg.data.prompt_length)).start()
+                                                             max_prompt_tokens=cfg.data.prompt_length,
+                                                             # while some episode runs its tools the others
+                                                             # wait for it, up to a 0.2 s lull; no tighter cap
+                                                             # than 5 s while requests keep coming (a rollout's
+                                                             # first turns arrive over ~0.5 s: one call, not two)
+                                                             batch_window_s=0.2, batch_max_wait_s=5.0)).start()
 
     def _call(self, gen_in, sampling):
         return self._generate(gen_in, sampling)
@@ -62,16 +67,13 @@ class OpenAIAgentLoop:
                 for i in range(len(prompts)) for j in range(n)]
         prefix = uuid.uuid4().hex[:12]
         seed = sampling.seed if sampling.seed is not None else int(np.random.randint(0, 2**31 - 1))
-        self._generate, self.endpoint.batcher.replicas = generate, replicas
+        batcher = self.endpoint.batcher
+        self._generate, batcher.replicas = generate, replicas
         self.endpoint.plan(temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k,
                            seeds={f"{prefix}-{k}": (seed, k) for k in range(len(rows))})
-        calls_before, rows_before = self.endpoint.batcher.calls, self.endpoint.batcher.rows
-        batcher = self.endpoint.batcher
+        calls_before, rows_before = batcher.calls, batcher.rows
         running = Running(on_finish=batcher.wake)  # a batch closes once every unfinished episode waits for a reply
         batcher.ready, batcher.max_batch = (lambda waiting: waiting >= running.count), max(1, len(rows))
-        # while some episode runs its tools the others wait for it, up to a 0.2 s lull; no tighter cap than
-        # 5 s while requests keep coming (a rollout's first turns arrive over ~0.5 s: one call, not two)
-        batcher.window_s, batcher.max_wait_s = 0.2, 5.0
         results = run_episodes(self.environment, rows, base_url=self.endpoint.base_url, token=self.endpoint.token,
                                concurrency=self.concurrency, timeout_s=self.timeout_s, prefix=prefix, running=running)
         episodes = self.endpoint.store.pop_all()
@@ -83,9 +85,9 @@ class OpenAIAgentLoop:
                                                               for r in results])),
                         "agent/env_tokens_mean": float(np.mean([len(e.mask) - sum(e.mask) for e in recorded]))
                         if recorded else 0.0,
-                        "agent/generate_calls": float(self.endpoint.batcher.calls - calls_before),
-                        "agent/replica_moved_turns": float(self.endpoint.batcher.affinity.moved),
-                        "agent/requests": float(self.endpoint.batcher.rows - rows_before)})
+                        "agent/generate_calls": float(batcher.calls - calls_before),
+                        "agent/replica_moved_turns": float(batcher.affinity.moved),
+                        "agent/requests": float(batcher.rows - rows_before)})
         return batch, metrics
 
     def _batch(self, prompts: DataProto, episodes: list, results: list, n: int) -> DataProto:
