@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from rlframe.controller.dispatch import RankInfo
+from rlframe.controller.decorator import register
+from rlframe.controller.dispatch import Dispatch, RankInfo
 from rlframe.controller.mesh import Mesh
 
 DEFAULT_MESH = "default"
@@ -86,6 +87,19 @@ class Worker:
             c == (mesh.size(n) - 1 if n == "pp" else 0) for n, c in coords.items() if n != "dp"
         )
         return RankInfo(rank=self.rank, dp_rank=coords.get("dp", 0), dp_size=mesh.size("dp"), collect=collect)
+
+    @register(dispatch=Dispatch.ONE_TO_ALL)
+    def peak_memory(self) -> dict[str, float]:
+        """This rank's process: its peak resident memory (`rss_mb`, shared by the roles it hosts) and,
+        for a role with a training engine, its model's parameters, gradient buffers and optimizer state
+        (rlframe/utils/memory.py), in MB."""
+        from rlframe.utils.memory import peak_rss_mb, state_mb
+
+        out = {"rss_mb": peak_rss_mb()}
+        engine = getattr(self, "engine", None)
+        if engine is not None and hasattr(engine, "model"):
+            out.update(state_mb(engine.model, getattr(engine, "optimizer", None)))
+        return out
 
 
 def build_role(cls: type, ctx: WorkerContext, args: tuple, kwargs: dict) -> Worker:

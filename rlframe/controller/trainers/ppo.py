@@ -129,6 +129,7 @@ class PPOTrainer:
                 metrics.update(startup.metrics())
             if cfg.val_every > 0 and (self.step % cfg.val_every == 0 or self.step == cfg.total_steps):
                 metrics.update(self.validate())
+                metrics.update(self.roles.memory())  # peaks so far: at the validation steps, one call a group
             self.tracker.log(metrics, step=self.step)
             bar.update(metrics)
             due = cfg.save_every_minutes > 0 and time.monotonic() - self._last_save >= 60 * cfg.save_every_minutes

@@ -75,6 +75,19 @@ class RunRoles:
         self._generator_has_weights = not any(self.generator.awaits_full_sync())
         return not self._generator_has_weights
 
+    def memory(self) -> dict[str, float]:
+        """Per role, MB, the max over its ranks: the peak resident memory of its processes
+        (`memory/rss_mb/<role>`; colocated roles share theirs) and its model's parameters, gradient
+        buffers and optimizer state (`memory/{params,grads,optimizer,state}_mb/<role>`)."""
+        groups = {"actor": self.actor, "critic": self.critic, "ref": self.ref, "reward_model": self.reward_model,
+                  "rollout": self.generator}
+        pending = {name: group.peak_memory(blocking=False) for name, group in groups.items() if group is not None}
+        out = {}
+        for name, future in pending.items():
+            ranks = future.get()
+            out.update({f"memory/{key}/{name}": max(r[key] for r in ranks) for key in ranks[0]})
+        return out
+
     _generator_has_weights = False  # once true it stays true: only a sleep drops weights, and it never sleeps
 
     def shutdown(self) -> None:
