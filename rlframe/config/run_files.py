@@ -13,8 +13,6 @@ from rlframe.config.schema import RunConfig
 
 def check_paths(cfg: RunConfig, out: list[str]) -> None:
     """Append what is wrong with what the run will read on this machine (outside a dry run)."""
-    from rlframe.data.pretrain import TASKS
-
     if cfg.data.task is None and not cfg.data.train_files:
         out.append("data.task is null and data.train_files is empty: give parquet/jsonl files or a synthetic task")
     for key in ("train_files", "val_files"):  # files given are used whatever data.task is, so they must exist
@@ -26,10 +24,6 @@ def check_paths(cfg: RunConfig, out: list[str]) -> None:
             elif Path(f).suffix.lower() not in (".parquet", ".jsonl", ".ndjson"):
                 out.append(f"data file {f!r} (data.{key}) is neither .parquet nor .jsonl; convert it to one of "
                            "them (rows in the verl layout: rlframe/data/dataset.py)")
-    if cfg.model.path is None and cfg.data.task is not None and cfg.data.task not in TASKS:
-        out.append(f"model.path is null, so the run would start from a tiny model, but the tiny models are "
-                   f"pre-trained only on {sorted(TASKS)}, not data.task={cfg.data.task!r}; give model.path=DIR "
-                   "(an HF model directory), or use data.task=arithmetic (docs/data.md, 'Which model')")
     for key, model_dir, fix in (
             ("model.path", cfg.model.path, "or set model.path=null to build the tiny model"),
             ("model.critic_path", cfg.model.critic_path if cfg.uses_critic else None,

@@ -40,7 +40,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from rlframe.data.synthetic import ArithmeticSpec, arithmetic_rows
+from rlframe.data.synthetic import ArithmeticSpec, CountdownSpec, arithmetic_rows, countdown_rows
 from rlframe.utils.machine import cpu_model
 from rlframe.data.tool_task import ToolArithmeticSpec
 
@@ -83,8 +83,11 @@ PRETRAIN_SEED = 0
 
 # Named task settings for pre-training; the RL demo must generate its data with the same spec
 # and seed so that its test split is held out from what the model saw here.
-TASKS: dict[str, ArithmeticSpec | ToolArithmeticSpec] = {
+TASKS: dict[str, ArithmeticSpec | CountdownSpec | ToolArithmeticSpec] = {
     "arithmetic": ArithmeticSpec(digits=2, min_digits=1, ops="+"),
+    # Three numbers 1..9 -> an expression of them equal to the target ("6,4,9->90:" -> "(6+4)*9"),
+    # trained on one solution per problem; the reward accepts any (the harder task of docs/claims.md).
+    "countdown": CountdownSpec(count=3, max_number=9),
     # Multi-turn transcripts with calculator calls, in the BPE tokenizer's chat format (agent preset).
     "tool_arithmetic": ToolArithmeticSpec(),
 }
@@ -160,12 +163,24 @@ def sft_examples(task: str, *, seed: int, cfg: SFTConfig) -> tuple[list[tuple[st
         raise ValueError(f"unknown pre-training task {task!r}; choose one of {sorted(TASKS)}")
     if isinstance(TASKS[task], ToolArithmeticSpec):
         raise ValueError(f"task {task!r} trains on conversations; use chat_sft_examples")
-    rows = arithmetic_rows(num_train=cfg.num_train, num_test=cfg.num_test, spec=TASKS[task], seed=seed)
+    rows = task_rows(task, num_train=cfg.num_train, num_test=cfg.num_test, seed=seed)
+
+    def answer(row: dict) -> str:  # countdown: the stored solution (its ground truth is the target and numbers)
+        return row["extra_info"]["solution"] if row["data_source"] == "countdown" else row["reward_model"]["ground_truth"]
 
     def pairs(split: str) -> list[tuple[str, str]]:
-        return [(r["prompt"][0]["content"], r["reward_model"]["ground_truth"]) for r in rows[split]]
+        return [(r["prompt"][0]["content"], answer(r)) for r in rows[split]]
 
     return pairs("train"), pairs("test")
+
+
+def task_rows(task: str, *, num_train: int, num_test: int, seed: int) -> dict[str, list[dict]]:
+    """The train/test rows of a named single-turn task (arithmetic, countdown), as its spec says."""
+    spec = TASKS[task]
+    if isinstance(spec, CountdownSpec):
+        return countdown_rows(num_train=num_train, num_test=num_test, seed=seed, count=spec.count,
+                              max_number=spec.max_number)
+    return arithmetic_rows(num_train=num_train, num_test=num_test, spec=spec, seed=seed)
 
 
 def chat_sft_examples(task: str, *, seed: int, cfg: SFTConfig) -> tuple[list[list[dict]], list[dict]]:

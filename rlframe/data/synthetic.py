@@ -39,6 +39,14 @@ class ArithmeticSpec:
     allow_negative: bool = False
 
 
+@dataclass(frozen=True)
+class CountdownSpec:
+    """`count` numbers from 1..`max_number` per problem (the target one expression of them reaches)."""
+
+    count: int = 3
+    max_number: int = 9
+
+
 def _validate_arith(spec: ArithmeticSpec) -> None:
     if not 1 <= spec.min_digits <= spec.digits <= 6:
         raise ValueError(

@@ -145,6 +145,8 @@ CASES = [
      "algorithm.name=remax contradicts algorithm.adv_estimator=rloo", "set algorithm.adv_estimator=remax"),
     ("algorithm.adv_estimator=gea", "algorithm.adv_estimator='gea'", "use one of them"),
     ("algorithm.adv_estimator=grpo", "algorithm.adv_estimator='grpo'", "set algorithm.n_samples=4"),
+    ("algorithm=sft data.task=countdown", "countdown's ground truth is the target and the numbers",
+     "train countdown with an RL algorithm"),
     ("algorithm.name=online_dpo algorithm.adv_estimator=grpo algorithm.n_samples=3", "online DPO",
      "set algorithm.n_samples=2"),
     ("actor.worker_cls=nope:Cls", "actor.worker_cls", "check the module is on PYTHONPATH"),

@@ -29,13 +29,25 @@ def test_data_seed_keeps_the_split(tmp_path, task):
     assert not set(_prompts(train_a)) & set(_prompts(test_a))
 
 
-def test_held_out_never_meets_the_pretraining_data(tmp_path):
-    pretrain_train, _ = sft_examples("arithmetic", seed=PRETRAIN_SEED, cfg=SFTConfig())
+@pytest.mark.parametrize("task", ["arithmetic", "countdown"])
+def test_held_out_never_meets_the_pretraining_data(tmp_path, task):
+    pretrain_train, _ = sft_examples(task, seed=PRETRAIN_SEED, cfg=SFTConfig())
     seen = {prompt for prompt, _ in pretrain_train}
     for seed in (0, 3, 11):
-        (train,), (test,) = prepare.task_files(_cfg(tmp_path, seed=seed))
+        (train,), (test,) = prepare.task_files(_cfg(tmp_path, seed=seed, task=task))
         assert not set(_prompts(test)) & seen
         assert set(_prompts(train)) <= seen  # RL trains on the problems the model was pre-trained on
+
+
+def test_countdown_pretrains_on_a_solution_of_each_problem():
+    from rlframe.rewards.verifiers import countdown_score
+
+    train, test = sft_examples("countdown", seed=PRETRAIN_SEED, cfg=SFTConfig())
+    assert len(train) == 5000 and len(test) == 500
+    for prompt, answer in train[:300] + test[:100]:  # "6,4,9->90:" -> "(6+4)*9"
+        numbers, target = prompt.rstrip(":").split("->")
+        truth = json.dumps({"target": int(target), "numbers": [int(n) for n in numbers.split(",")]})
+        assert countdown_score(answer, truth) == 1.0
 
 
 def test_data_seed_changes_the_order_of_the_prompts(tmp_path):

@@ -73,8 +73,6 @@ def data_settings(cfg: RunConfig) -> dict:
     if task in TASKS:
         sft = DEFAULT_SFT.get(task, SFTConfig())
         return {**out, "spec": asdict(TASKS[task]), "num_train": sft.num_train, "num_test": sft.num_test}
-    if task == "countdown":
-        return {**out, "num_train": cfg.data.train_size, "num_test": cfg.data.val_size}
     raise ValueError(f"data.task={task!r} is not a synthetic task; use arithmetic, countdown or {TOOL_TASK}, "
                      "or set data.task=null and give data.train_files")
 
@@ -143,17 +141,14 @@ def _write_task_files(cfg: RunConfig, settings: dict, final: Path) -> None:
 
 def synthetic_rows(cfg: RunConfig) -> dict[str, list[dict]]:
     """The task's train/test splits as `data_settings(cfg)` describes them (the same for every data.seed)."""
-    from rlframe.data.pretrain import TASKS
-    from rlframe.data.synthetic import arithmetic_rows, countdown_rows
+    from rlframe.data.pretrain import TASKS, task_rows
     from rlframe.data.tool_task import DATA_SOURCE as TOOL_TASK, tool_rows
 
     s = data_settings(cfg)
     sizes = {"num_train": s["num_train"], "num_test": s["num_test"], "seed": s["split_seed"]}
     if cfg.data.task == TOOL_TASK:  # products to compute with the calculator tool (agent.enabled)
         return tool_rows(spec=TASKS[TOOL_TASK], **sizes)
-    if cfg.data.task in TASKS:
-        return arithmetic_rows(spec=TASKS[cfg.data.task], **sizes)
-    return countdown_rows(**sizes)
+    return task_rows(cfg.data.task, **sizes)
 
 
 def build_data(cfg: RunConfig, tokenizer):
