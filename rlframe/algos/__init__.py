@@ -5,7 +5,7 @@ the batch's `uid`. The trainer looks pieces up by the names in its config:
 
 | kind | registry lookup | built-in names | module |
 |---|---|---|---|
-| advantage estimator | get_advantage_estimator | gae, grpo, dr_grpo, rloo, remax, reinforce_plus_plus, reinforce_plus_plus_baseline, lite_ppo (= group_mean_batch_std) | advantages.py, group_advantages.py |
+| advantage estimator | get_advantage_estimator | gae, grpo, dr_grpo, rloo, remax, reinforce_plus_plus, reinforce_plus_plus_baseline, lite_ppo (= group_mean_batch_std), raft | advantages.py, group_advantages.py |
 | policy loss | get_policy_loss | ppo (= vanilla; clip-higher via clip_ratio_high), dual_clip, gspo | policy_loss.py |
 | KL estimator | get_kl_estimator | k1 (= kl), k2 (= mse), k3 (= low_var_kl), abs | kl.py |
 | loss aggregation | get_loss_agg_mode | token-mean, seq-mean-token-sum, seq-mean-token-mean, seq-mean-token-sum-norm | aggregation.py |
@@ -34,7 +34,7 @@ from rlframe.algos.registry import (
 )
 from rlframe.algos.aggregation import agg_loss
 from rlframe.algos.advantages import gae, reinforce_plus_plus, remax
-from rlframe.algos.group_advantages import dr_grpo, grpo, lite_ppo, reinforce_plus_plus_baseline, rloo
+from rlframe.algos.group_advantages import dr_grpo, grpo, lite_ppo, raft, reinforce_plus_plus_baseline, rloo
 from rlframe.algos.policy_loss import dual_clip_loss, gspo_loss, ppo_loss
 from rlframe.algos.value_loss import compute_value_loss
 from rlframe.algos.entropy import entropy_from_logits
@@ -93,6 +93,7 @@ __all__ = [
     "masked_sum",
     "masked_var",
     "masked_whiten",
+    "raft",
     "online_dpo_loss",
     "overlong_reward_penalty",
     "ppo_loss",

@@ -13,6 +13,7 @@ returns = advantages (there is no critic to regress).
 | rloo | s_i - mean_{j != i} s_j | error (no other sample) |
 | reinforce_plus_plus_baseline | whiten_batch(s_i - mean_g) | 0 before whitening |
 | lite_ppo | (s_i - mean_g) / (std_batch + eps) | 0 |
+| raft | 1 if s_i = max_g > 0 else 0 (the group's best responses, kept by rejection sampling) | 1 if s_i > 0 |
 
 std is the unbiased (Bessel-corrected) standard deviation, as torch.std; `epsilon` guards it.
 A row with no valid token still counts as a member of its group (score 0) and gets advantage 0.
@@ -26,7 +27,7 @@ from __future__ import annotations
 
 import torch
 
-from rlframe.algos.grouping import Groups, group_is_constant, group_mean, group_rows, group_std
+from rlframe.algos.grouping import Groups, group_is_constant, group_max, group_mean, group_rows, group_std
 from rlframe.algos.masked import as_float_mask, check_token_tensors, masked_whiten, sequence_scores
 from rlframe.algos.registry import register_advantage_estimator
 
@@ -139,3 +140,23 @@ def lite_ppo(*, token_level_rewards, response_mask, index=None, values=None, bas
     centered, _ = _centered(scores, groups)
     batch_std = scores.std() if scores.numel() > 1 else scores.new_zeros(())
     return _broadcast(centered / (batch_std + epsilon), response_mask)
+
+
+@register_advantage_estimator("raft")
+@torch.no_grad()
+def raft(*, token_level_rewards, response_mask, index=None, values=None, baseline_rewards=None,
+         gamma=1.0, lam=1.0, epsilon=1e-6):
+    """RAFT, reward-ranked fine-tuning (Dong et al. 2023, arXiv:2304.06767), as rejection sampling:
+    each group keeps its best-scored responses (ties included) when that score is positive, and the
+    update is supervised learning on them.
+
+    A_i = 1 if s_i == max(s_group) > 0, else 0. With the PPO loss and one on-policy optimizer step per
+    batch (ratio 1) the gradient is the kept responses' log-likelihood gradient, weighted by the loss
+    aggregation (token-mean: per kept token over every token of the mini-batch). With binary rewards
+    the kept responses are the correct ones (RAFT++ of Xiong et al. 2025). Needs index.
+    Shapes (B, R) -> (B, R).
+    """
+    scores, groups = _scores_and_groups("raft", token_level_rewards, response_mask, index)
+    best = group_max(scores, groups)[groups.inverse]
+    keep = (scores == best) & (best > 0)
+    return _broadcast(keep.to(scores.dtype), response_mask)

@@ -80,6 +80,12 @@ def group_mean(x: torch.Tensor, groups: Groups) -> torch.Tensor:
     return sums / groups.counts.to(x)
 
 
+def group_max(x: torch.Tensor, groups: Groups) -> torch.Tensor:
+    """(G,) the largest of the (B,) values x within each group."""
+    out = torch.full((groups.num_groups,), -torch.inf, dtype=x.dtype, device=x.device)
+    return out.scatter_reduce(0, groups.inverse, x, reduce="amax")
+
+
 def group_std(x: torch.Tensor, groups: Groups) -> torch.Tensor:
     """(G,) unbiased (Bessel-corrected, like torch.std) standard deviation within each group.
 

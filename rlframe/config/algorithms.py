@@ -23,6 +23,7 @@ REQUIRES: dict[str, dict[str, tuple]] = {
     "lite_ppo": {"adv_estimator": ("lite_ppo", "group_mean_batch_std")},
     "dapo": {"adv_estimator": ("grpo",), "dynamic_sampling": (True,)},
     "gspo": {"adv_estimator": ("grpo",), "policy_loss": ("gspo",)},
+    "raft": {"adv_estimator": ("raft",)},
     "online_dpo": {},  # n_samples=2 is checked with the batch rules (validate._check_algorithm)
     "sft": {},
 }

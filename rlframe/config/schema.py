@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 # Dataflows the trainer knows; `algorithm.name` picks one (and the defaults in configs/).
 ALGORITHMS = ("ppo", "grpo", "dr_grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline", "remax",
-              "dapo", "gspo", "lite_ppo", "online_dpo", "sft")
+              "dapo", "gspo", "lite_ppo", "raft", "online_dpo", "sft")
 
 
 @dataclass

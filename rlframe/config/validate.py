@@ -14,7 +14,7 @@ from rlframe.config.schedule import optimizer_steps, optimizer_steps_per_step
 from rlframe.config.schema import ALGORITHMS, RunConfig
 
 GROUP_ESTIMATORS = ("grpo", "dr_grpo", "rloo", "reinforce_plus_plus_baseline", "lite_ppo",
-                    "group_mean_batch_std")
+                    "group_mean_batch_std", "raft")
 
 
 class ConfigError(ValueError):

@@ -40,6 +40,8 @@ def reference_sequence_advantages(name, scores, index, eps):
                 adv[i] = scores[i] - mean
             elif name == "lite_ppo":
                 adv[i] = (scores[i] - mean) / (_std(scores) + eps)
+            elif name == "raft":
+                adv[i] = 1.0 if scores[i] == max(s) and max(s) > 0 else 0.0
     return adv
 
 
@@ -51,7 +53,7 @@ def _whiten_tokens(seq_adv, mask, eps):
     return {k: (v - mean) / math.sqrt(var + eps) for k, v in toks.items()}
 
 
-NAMES = ["grpo", "dr_grpo", "rloo", "reinforce_plus_plus_baseline", "lite_ppo"]
+NAMES = ["grpo", "dr_grpo", "rloo", "reinforce_plus_plus_baseline", "lite_ppo", "raft"]
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -94,6 +96,15 @@ def test_group_of_one_gets_zero_advantage_where_defined(name):
                                            index=["pair", "pair", "solo"])
     assert torch.allclose(adv[2], torch.zeros(2), atol=1e-6)  # its own mean is its baseline
     assert adv[0, 0] > 0 > adv[1, 0]
+
+
+def test_raft_keeps_each_groups_best_responses_when_positive():
+    # scores per row (one token each): group a [0, 1, 1, 0.5] keeps both 1s; group b [0, 0] keeps none;
+    # group c [-1, -0.5] keeps none (its best is not positive); a lone positive sample is kept
+    scores = torch.tensor([0.0, 1.0, 1.0, 0.5, 0.0, 0.0, -1.0, -0.5, 0.3]).unsqueeze(-1)
+    adv, _ = get_advantage_estimator("raft")(token_level_rewards=scores, response_mask=torch.ones(9, 1),
+                                             index=list("aaaabbccd"))
+    assert adv.squeeze(-1).tolist() == [0, 1, 1, 0, 0, 0, 0, 0, 1]
 
 
 def test_identical_rewards_give_zero_grpo_advantages():
