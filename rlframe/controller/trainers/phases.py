@@ -143,7 +143,8 @@ def align_reward_extras(batches: list[DataProto]) -> list[DataProto]:
 
 def reward_metrics(batch: DataProto) -> dict[str, float]:
     """The reward metrics of exactly these rows: `reward/mean` (the reward function's score),
-    `reward/errors`, `critic/accuracy` (its verdict), each extra's `reward/<k>/mean` over all rows
+    `reward/errors`, `critic/accuracy` (its verdict), `response_length/{correct,incorrect}_mean` (by
+    the verdict), each extra's `reward/<k>/mean` over all rows
     (absent counts 0) and `reward/<k>/count`, `reward/rm/mean` (reward model; ensembled) and
     `reward/rm/<i>/mean` (each reward model of reward.model_paths), and
     `reward/overlong_penalty_mean`."""
@@ -154,6 +155,10 @@ def reward_metrics(batch: DataProto) -> dict[str, float]:
     out = function_metrics(b["verifier_score"].numpy(), {k[len(REWARD_EXTRA):]: b[k].numpy() for k in keys},
                            b["reward_failed"].numpy() > 0)
     out["critic/accuracy"] = float(b["acc"].mean()) if len(batch) else 0.0
+    lengths, correct = b["response_mask"].sum(-1).float(), b["acc"] > 0
+    for name, rows in (("correct", correct), ("incorrect", ~correct)):  # Dr. GRPO's length bias shows here
+        if rows.any():
+            out[f"response_length/{name}_mean"] = float(lengths[rows].mean())
     if "rm_score" in b.keys():
         out["reward/rm/mean"] = float(b["rm_score"].mean())
     if "rm_score_per_model" in b.keys():

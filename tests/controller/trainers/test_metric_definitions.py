@@ -79,6 +79,9 @@ def definitions(rec, batch) -> dict[str, float]:
     cut = [int(n) >= cfg.data.response_length and int(r[int(n) - 1]) not in rec.end_ids
            for r, n in zip(b["responses"], occupied)]
     out["response_length/clip_ratio"] = sum(cut) / len(cut)
+    for name, rows in (("correct", scores >= 1), ("incorrect", scores < 1)):
+        if rows.any():
+            out[f"response_length/{name}_mean"] = mask.sum(-1)[rows].float().mean().item()
     shaped = scores.clone()
     if cfg.algorithm.overlong_buffer_len:
         top, buf = cfg.data.response_length, cfg.algorithm.overlong_buffer_len
