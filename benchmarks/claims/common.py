@@ -10,6 +10,7 @@ over seeds (mean and range), plot curves with their spread, and write the claim'
 
 from __future__ import annotations
 
+import hashlib
 import json
 import statistics
 import subprocess
@@ -25,22 +26,47 @@ from report import machine_line, machine_state, write_section  # noqa: E402
 CLAIMS_MD = ROOT / "docs" / "claims.md"
 FIGURES = ROOT / "docs" / "img"
 SEEDS = (0, 1, 2)
+# Finished runs' metrics, by what determines them (the committed code, the command, the seed): scripts
+# that run the same arm share it (the baseline table's PPO and ReMax runs are the ReMax claim's). Runs
+# are deterministic per seed on one machine; the folder is ignored by git, so a fresh clone reruns all.
+RUNS = ROOT / "benchmarks" / "claims" / ".runs"
 QUIET = ["trainer.save_every=0", "trainer.export_hf=false", "trainer.plot=false", "trainer.resume=off",
          "trainer.progress_bar=false", "trainer.loggers=[jsonl]"]
 
 
+def code_version() -> str | None:
+    """The committed trees of what a run executes (rlframe/, configs/, setup.py) when the work tree has
+    no change there; None otherwise (then nothing is taken from or put in the cache)."""
+    paths = ["rlframe", "configs", "setup.py"]
+    git = ["git", "-C", str(ROOT)]
+    changed = subprocess.run([*git, "status", "--porcelain", "--", *paths], capture_output=True, text=True)
+    if changed.returncode != 0 or changed.stdout.strip():
+        return None
+    trees = subprocess.run([*git, "rev-parse", *(f"HEAD:{p}" for p in paths)], capture_output=True, text=True)
+    return trees.stdout if trees.returncode == 0 else None
+
+
 def run_job(overrides: list[str], *, seed: int, out: Path, name: str, config: str = "grpo_tiny") -> list[dict]:
-    """`python -m rlframe.main --config-name config overrides` with trainer.seed=seed; its metrics rows."""
+    """`python -m rlframe.main --config-name config overrides` with trainer.seed=seed; its metrics rows
+    (from RUNS when this code already ran this command with this seed on this machine)."""
     exp = f"{name}_s{seed}"
-    cmd = [sys.executable, "-m", "rlframe.main", "--config-name", config, *overrides, *QUIET, f"trainer.seed={seed}",
-           f"trainer.output_dir={out}", f"trainer.experiment={exp}"]
+    args = ["--config-name", config, *overrides, *QUIET, f"trainer.seed={seed}"]
+    version = code_version()
+    cached = RUNS / f"{hashlib.sha256(json.dumps([version, args]).encode()).hexdigest()[:20]}.jsonl"
+    if version is not None and cached.is_file():
+        print(f"  {name} seed {seed}: done before ({cached.name})", flush=True)
+        return [json.loads(line) for line in cached.read_text().splitlines() if line.strip()]
+    cmd = [sys.executable, "-m", "rlframe.main", *args, f"trainer.output_dir={out}", f"trainer.experiment={exp}"]
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
     if proc.returncode != 0:
         raise RuntimeError(f"{name} seed {seed} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
-    rows = [json.loads(line) for line in (out / exp / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    text = (out / exp / "metrics.jsonl").read_text()
+    if version is not None:
+        RUNS.mkdir(parents=True, exist_ok=True)
+        cached.write_text(text)
     print(f"  {name} seed {seed}: {time.perf_counter() - t0:.0f} s", flush=True)
-    return rows
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
 
 
 def series(rows: list[dict], key: str) -> tuple[list[int], list[float]]:

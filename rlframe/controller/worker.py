@@ -98,7 +98,8 @@ class Worker:
         out = {"rss_mb": peak_rss_mb()}
         engine = getattr(self, "engine", None)
         if engine is not None and hasattr(engine, "model"):
-            out.update(state_mb(engine.model, getattr(engine, "optimizer", None)))
+            frozen = getattr(getattr(engine, "config", None), "frozen", False)  # a reference: nothing to train
+            out.update(state_mb(engine.model, None if frozen else getattr(engine, "optimizer", None)))
         return out
 
 
