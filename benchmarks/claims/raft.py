@@ -30,7 +30,8 @@ RAFT = ["algorithm=raft", "data.train_batch_size=32", "actor.mini_batch_size=128
 
 
 def kept_share(rows: list[dict]) -> float:
-    """Mean over steps of the share of responses with advantage 1 (critic/advantages/mean is that share)."""
+    """Mean over steps of the share of response tokens with advantage 1 (critic/advantages/mean: the mean over
+    valid tokens of advantages that are 1 or 0)."""
     return statistics.fmean(series(rows, "critic/advantages/mean")[1])
 
 
@@ -62,7 +63,7 @@ def main() -> None:
     verdict = (f"**{'Reproduces' if word != 'falls short of' else 'Does not reproduce'} at this scale**: RAFT {word} "
                f"PPO's held-out accuracy on the same 128 responses a step ({spread(raft, '.1%')} against "
                f"{spread(ppo, '.1%')} after {args.steps} steps; mean (range) over seeds {', '.join(map(str, SEEDS))}), "
-               f"training on {spread(kept, '.1%')} of what it generated (the correct responses of groups).")
+               f"training on {spread(kept, '.1%')} of the response tokens it generated (its groups' correct responses).")
     figure = FIGURES / "claim_raft.png"
     plot_curves(runs, ["val/accuracy", "critic/accuracy"], figure, smooth={"critic/accuracy": 5},
                 titles={"val/accuracy": "held-out accuracy (greedy)",
