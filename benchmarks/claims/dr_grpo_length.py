@@ -64,11 +64,17 @@ def main() -> None:
                      f"{spread(correct, '.2f')} | {statistics.fmean(a[0] for a in acc):.1%} -> "
                      f"{spread([a[-1] for a in acc], '.1%')} |")
     grpo, dr = growth["GRPO (per-response mean)"], growth["Dr. GRPO"]
+    cut = statistics.fmean(v for group in runs.values() for r in group for v in series(r, "response_length/clip_ratio")[1])
     holds = statistics.fmean(grpo) > 0.5 and statistics.fmean(dr) < statistics.fmean(grpo) and min(grpo) > max(dr)
     verdict = (f"**{'Reproduces' if holds else 'Does not reproduce'} at this scale**: over {args.steps} steps the "
                f"incorrect responses' mean length changed by {spread(grpo, '+.2f')} tokens with GRPO's per-response "
                f"mean and by {spread(dr, '+.2f')} with Dr. GRPO (last 10 steps against the first 10; mean (range) over "
-               f"seeds {', '.join(map(str, SEEDS))}).")
+               f"seeds {', '.join(map(str, SEEDS))})"
+               + ("." if holds else
+                  f". Why, as measured: the responses never press against the budget ({cut:.2%} of them cut off at 16 "
+                  f"tokens, over all runs and steps): a countdown answer is a short expression the model ends itself, "
+                  f"and both arms shorten wrong answers a little as they learn. The paper's bias needs responses whose "
+                  f"length the policy can grow at no cost to being right (reasoning text); these have none."))
     figure = FIGURES / "claim_dr_grpo_length.png"
     plot_curves(runs, [key, "response_length/correct_mean", "val/accuracy"], figure,
                 smooth={key: 5, "response_length/correct_mean": 5},
