@@ -17,8 +17,9 @@ returns = advantages (there is no critic to regress).
 
 std is the unbiased (Bessel-corrected) standard deviation, as torch.std; `epsilon` guards it.
 A row with no valid token still counts as a member of its group (score 0) and gets advantage 0.
-A group whose rewards are all equal gets advantage exactly 0 in every estimator: it carries no
-signal, and its floating-point mean is off by rounding (see `grouping.group_is_constant`). For
+A group whose rewards are all equal gets advantage exactly 0 in every estimator but raft (which
+keeps a group whose responses are all equally good and positive: supervised learning needs no
+contrast): it carries no signal, and its floating-point mean is off by rounding (see `grouping.group_is_constant`). For
 reinforce_plus_plus_baseline this holds after the batch whitening too (docs/algorithms.md lists
 this and the other departures from verl).
 """
@@ -152,8 +153,11 @@ def raft(*, token_level_rewards, response_mask, index=None, values=None, baselin
 
     A_i = 1 if s_i == max(s_group) > 0, else 0. With the PPO loss and one on-policy optimizer step per
     batch (ratio 1) the gradient is the kept responses' log-likelihood gradient, weighted by the loss
-    aggregation (token-mean: per kept token over every token of the mini-batch). With binary rewards
-    the kept responses are the correct ones (RAFT++ of Xiong et al. 2025). Needs index.
+    aggregation (token-mean: per kept token over every token of the mini-batch, so the step scales
+    with the kept share). With binary rewards the kept responses are the correct ones (RAFT++ of
+    Xiong et al. 2025). s is the reward the estimator gets: shaped (KL in the reward, DAPO's overlong
+    penalty) it breaks ties between correct responses, and a reward model's scores must be positive
+    for the best to be kept (the original RAFT ranks whatever the sign). Needs index.
     Shapes (B, R) -> (B, R).
     """
     scores, groups = _scores_and_groups("raft", token_level_rewards, response_mask, index)

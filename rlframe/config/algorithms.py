@@ -23,7 +23,8 @@ REQUIRES: dict[str, dict[str, tuple]] = {
     "lite_ppo": {"adv_estimator": ("lite_ppo", "group_mean_batch_std")},
     "dapo": {"adv_estimator": ("grpo",), "dynamic_sampling": (True,)},
     "gspo": {"adv_estimator": ("grpo",), "policy_loss": ("gspo",)},
-    "raft": {"adv_estimator": ("raft",)},
+    # dynamic sampling would drop the groups whose responses are all right, which RAFT trains on
+    "raft": {"adv_estimator": ("raft",), "dynamic_sampling": (False,)},
     "online_dpo": {},  # n_samples=2 is checked with the batch rules (validate._check_algorithm)
     "sft": {},
 }

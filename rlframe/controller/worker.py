@@ -99,7 +99,13 @@ class Worker:
         engine = getattr(self, "engine", None)
         if engine is not None and hasattr(engine, "model"):
             frozen = getattr(getattr(engine, "config", None), "frozen", False)  # a reference: nothing to train
-            out.update(state_mb(engine.model, None if frozen else getattr(engine, "optimizer", None)))
+            try:
+                out.update(state_mb(engine.model, None if frozen else getattr(engine, "optimizer", None)))
+            except Exception as err:  # a metric never stops a run: say what could not be counted, once
+                if not getattr(self, "_state_mb_failed", False):
+                    self._state_mb_failed = True
+                    print(f"[rlframe] {self.role} rank {self.rank}: model state not counted "
+                          f"({type(err).__name__}: {err}); memory/*_mb/{self.role} left out", flush=True)
         return out
 
 

@@ -5,7 +5,9 @@
 
 The first is what the machine saw (the runtime, vLLM's cache and every role the process hosts); the
 second counts the live tensors of one model (a DTensor by its local shard, a storage once), which is
-what a larger model's memory grows with: the part the papers' memory claims are about.
+what a larger model's memory grows with: the part the papers' memory claims are about. It is the
+state a rank keeps between steps; FSDP's gather_once_per_step (the CPU default) also holds the
+gathered parameters and their unsharded gradients during a step, dp times the sharded size.
 """
 
 from __future__ import annotations
@@ -24,24 +26,54 @@ def _local(t):
     return t.to_local() if hasattr(t, "to_local") else t
 
 
+def _optimizer_parts(optimizer):
+    """Every torch optimizer and mixed-precision wrapper inside `optimizer` (megatron's chained
+    optimizers and their wrappers included)."""
+    stack = [optimizer]
+    while stack:
+        opt = stack.pop()
+        if opt is None:
+            continue
+        yield opt
+        stack.extend(getattr(opt, "chained_optimizers", None) or ())
+        inner = getattr(opt, "optimizer", None)
+        if inner is not None and inner is not opt:
+            stack.append(inner)
+
+
 def _optimizer_tensors(optimizer):
-    """The state tensors of a torch optimizer, or of the torch optimizer a wrapper holds (megatron's)."""
-    inner = optimizer
-    while inner is not None and not hasattr(inner, "state") and hasattr(inner, "optimizer"):
-        inner = inner.optimizer
-    state = getattr(inner, "state", None) or {}
-    for per_param in state.values():
-        for value in (per_param.values() if isinstance(per_param, dict) else ()):
-            if hasattr(value, "untyped_storage") and value.dim() > 0:
-                yield value
+    """The optimizer's state tensors (Adam's moments) and a mixed-precision wrapper's fp32 master
+    copies (megatron's distributed optimizer keeps them outside `state`)."""
+    import torch
+
+    for part in _optimizer_parts(optimizer):
+        if isinstance(part, torch.optim.Optimizer):
+            for per_param in part.state.values():
+                for value in per_param.values():
+                    if isinstance(value, torch.Tensor) and value.dim() > 0:
+                        yield value
+        for name in ("shard_fp32_from_float16_groups", "fp32_from_float16_groups"):
+            for group in getattr(part, name, None) or ():
+                yield from (t for t in group if isinstance(t, torch.Tensor))
+
+
+def _grad_buffers(modules):
+    """Persistent gradient buffers (megatron's DDP: one contiguous buffer, fp32 when grads reduce in
+    fp32); None when the model keeps none between steps."""
+    # megatron's DDP keeps its buffers in a list attribute that shadows nn.Module.buffers (a method)
+    lists = [getattr(m, name, None) for m in modules for name in ("buffers", "expert_parallel_buffers")]
+    buffers = [b for found in lists if isinstance(found, list) for b in found]
+    grads = [b.grad_data for b in buffers if getattr(b, "grad_data", None) is not None]
+    return grads or None
 
 
 def state_mb(model, optimizer=None) -> dict[str, float]:
-    """MB of parameters, gradients and optimizer state on this rank; `model` a module or a list of them
-    (megatron's model chunks). Tensors sharing a storage count once."""
+    """MB of parameters, gradient buffers and optimizer state on this rank; `model` a module or a list of them
+    (megatron's model chunks); `optimizer` None for a model that does not train. Tensors sharing a
+    storage count once (parameters that are views of one flat buffer count as that buffer)."""
     import torch
 
-    modules = model if isinstance(model, (list, tuple)) else [model]
+    modules = [m for m in (model if isinstance(model, (list, tuple)) else [model]) if isinstance(m, torch.nn.Module)]
     seen: set[int] = set()
 
     def size(tensors) -> float:
@@ -55,11 +87,16 @@ def state_mb(model, optimizer=None) -> dict[str, float]:
             total += local.untyped_storage().nbytes()
         return total / 2**20
 
-    params = [p for m in modules if isinstance(m, torch.nn.Module) for p in m.parameters()]
-    # gradients live from a backward to the optimizer step (freed after it): counted as the trainable
-    # parameters' own size, the buffers the next backward allocates; none without an optimizer (frozen)
-    trainable = sum(_local(p).nbytes for p in params if p.requires_grad) / 2**20 if optimizer is not None else 0.0
-    out = {"params_mb": size(params), "grads_mb": trainable}
+    params = [p for m in modules for p in m.parameters()]
+    out = {"params_mb": size(params)}
+    if optimizer is None:
+        out["grads_mb"] = 0.0
+    elif (buffers := _grad_buffers(modules)) is not None:
+        out["grads_mb"] = size(buffers)
+    else:
+        # gradients live from a backward to the optimizer step (freed after it): counted as the trainable
+        # parameters' own size, the buffers the next backward allocates
+        out["grads_mb"] = sum(_local(p).nbytes for p in params if p.requires_grad) / 2**20
     out["optimizer_mb"] = size(_optimizer_tensors(optimizer)) if optimizer is not None else 0.0
     out["state_mb"] = out["params_mb"] + out["grads_mb"] + out["optimizer_mb"]
     return out

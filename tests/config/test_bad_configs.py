@@ -143,6 +143,8 @@ CASES = [
     ("algorithm.name=grpo", "algorithm.name=grpo contradicts algorithm.adv_estimator=gae", "algorithm=grpo"),
     ("algorithm.name=remax algorithm.adv_estimator=rloo algorithm.n_samples=4",
      "algorithm.name=remax contradicts algorithm.adv_estimator=rloo", "set algorithm.adv_estimator=remax"),
+    ("algorithm=raft algorithm.dynamic_sampling=true", "algorithm.name=raft contradicts algorithm.dynamic_sampling=true",
+     "set algorithm.dynamic_sampling=false"),
     ("algorithm.adv_estimator=gea", "algorithm.adv_estimator='gea'", "use one of them"),
     ("algorithm.adv_estimator=grpo", "algorithm.adv_estimator='grpo'", "set algorithm.n_samples=4"),
     ("algorithm=sft data.task=countdown", "countdown's ground truth is the target and the numbers",

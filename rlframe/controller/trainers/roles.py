@@ -85,7 +85,8 @@ class RunRoles:
         out = {}
         for name, future in pending.items():
             ranks = future.get()
-            out.update({f"memory/{key}/{name}": max(r[key] for r in ranks) for key in ranks[0]})
+            for key in {k for r in ranks for k in r}:  # a rank whose state was not counted has rss_mb only
+                out[f"memory/{key}/{name}"] = max(r[key] for r in ranks if key in r)
         return out
 
     _generator_has_weights = False  # once true it stays true: only a sleep drops weights, and it never sleeps

@@ -140,8 +140,11 @@ def _bf16_tp2(rank, world, lm_path):
     batch = make_batch(batch_size=BATCH, vocab=64, seed=3)
     before = engine.forward_log_probs(batch, with_entropy=True)
     losses = [engine.train_step(policy_loss, batch, with_entropy=True)["loss"] for _ in range(4)]
+    from rlframe.utils.memory import state_mb
+
     return {"log_probs": before["log_probs"].numpy(), "dtype": str(before["log_probs"].dtype), "losses": losses,
-            "params": sorted({str(p.dtype) for p in engine.model.parameters()})}
+            "params": sorted({str(p.dtype) for p in engine.model.parameters()}),
+            "state": state_mb(engine.model, engine.optimizer), "numel": sum(p.numel() for p in engine.model.parameters())}
 
 
 def _recompute_tp2(rank, world, lm_path):
@@ -191,6 +194,12 @@ def test_megatron_bf16_on_cpu(tp2_cases, reference):
     assert 0 < float(diff.mean()) < 0.05, float(diff.mean())
     assert out["losses"][0] == pytest.approx(reference["lm"]["loss"], rel=2e-2)
     assert out["losses"][-1] < out["losses"][0], out["losses"]
+    # the state the memory metrics count (rlframe/utils/memory.py) through megatron's chained distributed
+    # optimizer: bf16 weights, the fp32 gradient buffer, fp32 master weights and Adam's two fp32 moments
+    # (dp=1: nothing sharded), each up to megatron's bucket padding
+    mb = out["numel"] / 2**20
+    for key, per_param in (("params_mb", 2), ("grads_mb", 4), ("optimizer_mb", 12)):
+        assert per_param * mb <= out["state"][key] <= 1.1 * per_param * mb, (key, out["state"], mb)
 
 
 def test_activation_checkpointing_gives_the_same_step(tp2_cases):
