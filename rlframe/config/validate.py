@@ -271,6 +271,16 @@ def _check_kl_and_sampling(cfg: RunConfig, out: list[str]) -> None:
     if data.task is not None and not data.train_files and data.train_batch_size > data.train_size:
         out.append(f"data.train_batch_size={data.train_batch_size} is larger than the synthetic task's "
                    f"data.train_size={data.train_size} prompts; lower the batch or raise train_size")
+    from rlframe.data.pretrain import DEFAULT_SFT, TASKS, SFTConfig
+
+    if data.task in TASKS:  # the split is fixed per task (held out from the tiny model's pre-training)
+        split = DEFAULT_SFT.get(data.task, SFTConfig())
+        for key, size, have, which in (("train_size", data.train_size, split.num_train, "train_files"),
+                                       ("val_size", data.val_size, split.num_test, "val_files")):
+            if size > have and not getattr(data, which):
+                out.append(f"data.{key}={size} asks for more rows than the {data.task} task's fixed split has "
+                           f"({have}: the problems held out from the tiny model's pre-training stay held out); "
+                           f"set data.{key}={have} or lower, or give data.{which}")
 
 
 def _check_roles_and_trainer(cfg: RunConfig, out: list[str]) -> None:

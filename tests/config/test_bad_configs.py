@@ -97,6 +97,8 @@ CASES = [
     ("ref.enabled=false algorithm.use_kl_loss=true", "ref.enabled=false", "set ref.enabled=true"),
     ("algorithm.kl_target=0.1", "algorithm.kl_target=0.1", "kl_target=null"),
     ("data.train_size=100", "data.train_batch_size=128", "raise train_size"),
+    ("data.task=countdown data.val_size=600", "data.val_size=600 asks for more rows than the countdown task's",
+     "set data.val_size=500 or lower"),
     ("actor.max_tokens_per_micro_batch=10", "actor.max_tokens_per_micro_batch=10", "set it >= 24"),
     ("actor.lr_schedule=cosine actor.warmup_steps=60", "actor.warmup_steps=60", "lower warmup_steps"),
     ("algorithm.name=grpo algorithm.adv_estimator=grpo algorithm.n_samples=2 trainer.critic_warmup=2",
