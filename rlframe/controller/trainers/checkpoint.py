@@ -73,7 +73,7 @@ class CheckpointManager:
         self.remove_partial()
 
     def remove_partial(self) -> list[Path]:
-        from rlframe.controller.trainers.tracking import say
+        from rlframe.controller.trainers.console import say
 
         partial = sorted(self.root.glob(PARTIAL_PREFIX + "*")) if self.root.is_dir() else []
         for p in partial:
@@ -141,7 +141,7 @@ class CheckpointManager:
         if resume == "off":
             return None
         if resume == "auto":
-            from rlframe.controller.trainers.tracking import say
+            from rlframe.controller.trainers.console import say
 
             others, superseded = self.others(), self.superseded()
             if others:

@@ -21,7 +21,7 @@ import time
 from dataclasses import dataclass
 
 from rlframe.config.schema import RunConfig
-from rlframe.controller.trainers.tracking import say
+from rlframe.controller.trainers.console import say
 
 
 class NodeLost(RuntimeError):

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import math
 
+from rlframe.controller.trainers.console import say
+
 
 class NonFiniteTrainingError(RuntimeError):
     """Too many consecutive steps with non-finite losses, gradients or metrics."""
@@ -42,8 +44,6 @@ class NonFiniteGuard:
             self.in_a_row += 1
             self._first_of_streak = step if self.in_a_row == 1 else self._first_of_streak
             self._last = (step, bad, skipped)
-            from rlframe.controller.trainers.tracking import say
-
             limit = f"{self.in_a_row} of {self.max_in_a_row} allowed in a row" if self.max_in_a_row else ""
             say(f"step {step}: non-finite values in {bad[:6] or 'none'}; optimizer steps skipped: "
                 f"{skipped or 'none'} ({limit})")

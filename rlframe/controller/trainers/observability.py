@@ -11,7 +11,8 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from rlframe.config.schema import RunConfig
-from rlframe.controller.trainers.tracking import RunFilesWriteFailed, say
+from rlframe.controller.trainers.console import say
+from rlframe.controller.trainers.tracking import RunFilesWriteFailed
 from rlframe.utils import metrics_endpoint, trace
 
 

@@ -38,7 +38,8 @@ from rlframe.controller.trainers.partial_rollout import PartialRollouts
 from rlframe.controller.trainers.preemption import Preempted, PreemptionWatch
 from rlframe.controller.trainers.prepare import build_data, model_path
 from rlframe.controller.trainers.roles import build_roles
-from rlframe.controller.trainers.tracking import Tracker, format_console, progress, say
+from rlframe.controller.trainers.console import say
+from rlframe.controller.trainers.tracking import Tracker, format_console, progress
 from rlframe.controller.trainers.validation import validate
 from rlframe.controller.worker_group import record_calls
 from rlframe.data.dataloader import to_dataproto

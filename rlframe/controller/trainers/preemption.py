@@ -45,7 +45,7 @@ class PreemptionWatch:
             signal.signal(sig, old)
 
     def _on_signal(self, signum, frame) -> None:
-        from rlframe.controller.trainers.tracking import say
+        from rlframe.controller.trainers.console import say
 
         if self.signum is not None:  # the second signal: stop now
             raise SystemExit(EXIT_CODES[signum])

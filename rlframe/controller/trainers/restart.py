@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 from rlframe.config.schema import RunConfig
 from rlframe.controller.trainers.node_loss import lost_nodes, room_after_loss
-from rlframe.controller.trainers.tracking import say
+from rlframe.controller.trainers.console import say
 
 
 @dataclass

@@ -192,7 +192,7 @@ def claim_run(run_dir: str | Path, cfg, *, announce=None) -> RunRecord:
     keys match (made and written on the first launch), else RunDirConflict naming the differing keys.
     Checkpoints of another run's settings in the directory refuse too. Idempotent: a second call
     (the trainer after run_training, a restart) returns the same record."""
-    from rlframe.controller.trainers.tracking import say
+    from rlframe.controller.trainers.console import say
 
     announce = say if announce is None else announce
     run_dir = Path(run_dir)

@@ -129,7 +129,7 @@ class RunLock:
         if self._announce is not None:
             self._announce(message)
             return
-        from rlframe.controller.trainers.tracking import say
+        from rlframe.controller.trainers.console import say
 
         say(message)
 

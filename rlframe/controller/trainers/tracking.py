@@ -16,6 +16,7 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
+from rlframe.controller.trainers.console import say
 from rlframe.controller.trainers.nonfinite import NonFiniteGuard
 from rlframe.controller.trainers.step_files import RotatingJsonl, read_jsonl, trim_jsonl
 from rlframe.utils import metrics_endpoint, trace
@@ -237,10 +238,6 @@ def format_console(step: int, total: int, metrics: dict) -> str:
             ("timing_s/step", "s/step")]
     parts = [f"{short}={metrics[k]:.3f}" for k, short in keys if k in metrics]
     return f"step {step}/{total} " + " ".join(parts)
-
-
-def say(message: str) -> None:
-    print(f"[rlframe] {message}", flush=True)
 
 
 class progress:

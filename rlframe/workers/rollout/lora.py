@@ -45,6 +45,7 @@ from rlframe.resharding.box import Box
 # The projections adapters may target and how tensor parallelism splits them are the training
 # engine's (a sync moves its shards into vLLM's slices of the same split); PEFT's name prefix too.
 from rlframe.workers.engines.lora import COLUMN_PARALLEL, PEFT_PREFIX, ROW_PARALLEL, SUPPORTED_TARGETS
+from rlframe.workers.rollout.weight_sync import vllm_tp_box
 
 # vLLM's allowed `max_lora_rank` values (vllm.config.lora.MaxLoRARanks).
 VLLM_MAX_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
@@ -117,8 +118,6 @@ def base_weight_name(lora_name: str) -> str:
 
 def lora_tp_box(name: str, shape, *, tp_rank: int, tp_size: int, num_kv_heads: int, head_dim: int) -> Box:
     """The Box of adapter factor `name` (global `shape`) that vLLM's TP rank `tp_rank` keeps."""
-    from rlframe.workers.rollout.weight_sync import vllm_tp_box
-
     shape = tuple(int(s) for s in shape)
     base = base_weight_name(name)
     module, factor = base.split(".")[-2], name.split(".")[-2]
@@ -127,6 +126,14 @@ def lora_tp_box(name: str, shape, *, tp_rank: int, tp_size: int, num_kv_heads: i
         return Box.full(shape)
     # The factor's split dim is the base weight's (rows of B = output rows, columns of A = input columns).
     return vllm_tp_box(base, shape, tp_rank=tp_rank, tp_size=tp_size, num_kv_heads=num_kv_heads, head_dim=head_dim)
+
+
+def lora_needed_boxes(lora_shapes: Mapping[str, tuple[int, ...]], *, tp_rank: int, tp_size: int,
+                      num_kv_heads: int, head_dim: int) -> dict[str, Box]:
+    """{adapter factor name: Box} a vLLM TP rank needs per adapter update (`lora_tp_box`): B of
+    q/k/v/gate/up and A of o/down split like their base weight, the other factor in full."""
+    return {n: lora_tp_box(n, s, tp_rank=tp_rank, tp_size=tp_size, num_kv_heads=num_kv_heads, head_dim=head_dim)
+            for n, s in lora_shapes.items()}
 
 
 def vllm_max_lora_rank(rank: int) -> int:

@@ -74,7 +74,7 @@ from rlframe.resharding.formats import ModelDims
 from rlframe.workers.rollout.base import Consumer, RolloutEngine
 from rlframe.workers.rollout.batch import assemble_batch, read_prompts, read_row_seeds, to_data_proto, unpad_prompts
 from rlframe.workers.rollout.config import RolloutConfig, SamplingConfig
-from rlframe.workers.rollout.lora import PEFT_PREFIX, AdapterSpec, lora_param_shapes
+from rlframe.workers.rollout.lora import PEFT_PREFIX, AdapterSpec, lora_needed_boxes, lora_param_shapes
 from rlframe.workers.rollout.vllm_adapt import (
     check_vllm_version,
     eager_token_ranks,
@@ -88,7 +88,6 @@ from rlframe.workers.rollout.vllm_adapt import (
 from rlframe.workers.rollout.weight_sync import (
     ShardAssembler,
     WeightSyncStats,
-    lora_needed_boxes,
     timed,
     vllm_needed_boxes,
 )

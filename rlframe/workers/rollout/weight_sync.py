@@ -81,16 +81,6 @@ def vllm_needed_boxes(shapes: Mapping[str, tuple[int, ...]], *, tp_rank: int, tp
             for n, s in shapes.items()}
 
 
-def lora_needed_boxes(lora_shapes: Mapping[str, tuple[int, ...]], *, tp_rank: int, tp_size: int,
-                      num_kv_heads: int, head_dim: int) -> dict[str, Box]:
-    """{adapter factor name: Box} a vLLM TP rank needs per adapter update (`rollout.lora.lora_tp_box`):
-    B of q/k/v/gate/up and A of o/down split like their base weight, the other factor in full."""
-    from rlframe.workers.rollout.lora import lora_tp_box
-
-    return {n: lora_tp_box(n, s, tp_rank=tp_rank, tp_size=tp_size, num_kv_heads=num_kv_heads, head_dim=head_dim)
-            for n, s in lora_shapes.items()}
-
-
 @dataclass
 class WeightSyncStats:
     """What one rank's engine did in one weight update (measured)."""

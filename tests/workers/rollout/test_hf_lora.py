@@ -11,7 +11,7 @@ from rlframe.resharding.box import Box
 from rlframe.workers.rollout import RolloutConfig, SamplingConfig, logprob_diff_metrics, response_log_probs
 from rlframe.workers.rollout.hf_engine import HFRolloutEngine
 from rlframe.workers.rollout.lora import adapter_spec, lora_param_shapes, merge_adapter
-from rlframe.workers.rollout.weight_sync import lora_needed_boxes
+from rlframe.workers.rollout.lora import lora_needed_boxes
 from tests.workers.rollout.common import merged_weights, perturbed, piece_buckets, prompt_batch, random_adapter
 
 GREEDY = SamplingConfig(temperature=0.0, max_new_tokens=12)
