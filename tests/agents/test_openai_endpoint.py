@@ -18,13 +18,10 @@ import pytest
 
 from rlframe.agents.environment import episode_metrics, run_episodes
 from rlframe.agents.openai_endpoint import EndpointLimits, OpenAIEndpoint
-from rlframe.config import load_config
-from rlframe.controller.trainers.agent_loop import build_agent_loop, tool_turn_text
-from rlframe.controller.trainers.prepare import build_data, model_path
+from rlframe.controller.trainers.agent_loop import tool_turn_text
 from rlframe.workers.rollout import SamplingConfig
+from tests.agent_task import agent_task
 
-AGENT = ["model.tiny_preset=agent", "data.task=tool_arithmetic", "agent.enabled=true", "data.prompt_length=128",
-         "data.response_length=96", "data.val_size=16"]
 CALCULATOR = {"type": "function", "function": {"name": "calculator", "description": "Evaluate an arithmetic expression.",
                                                "parameters": {"type": "object", "properties": {"expression": {"type": "string"}},
                                                               "required": ["expression"]}}}
@@ -32,17 +29,11 @@ CALCULATOR = {"type": "function", "function": {"name": "calculator", "descriptio
 
 @pytest.fixture(scope="module")
 def setup():
-    from transformers import AutoTokenizer
-
     from rlframe.workers.rollout import RolloutConfig
     from rlframe.workers.rollout.hf_engine import HFRolloutEngine
 
-    cfg = load_config("grpo_tiny", AGENT)
-    path = model_path(cfg)  # pre-trained once, then cached
-    tokenizer = AutoTokenizer.from_pretrained(path)
-    _, val = build_data(cfg, tokenizer)
+    cfg, path, tokenizer, val, loop = agent_task()
     engine = HFRolloutEngine(path, config=RolloutConfig(backend="hf"))
-    loop = build_agent_loop(cfg, tokenizer)
 
     def generate(gen_in, sampling):
         return engine.generate(gen_in, sampling), {}

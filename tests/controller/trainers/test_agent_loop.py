@@ -12,15 +12,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from rlframe.config import load_config
 from rlframe.controller.trainers import phases
 from rlframe.controller.trainers.agent_loop import build_agent_loop, tool_turn_text
-from rlframe.controller.trainers.prepare import build_data, model_path
 from rlframe.controller.trainers.validation import validation_prompts
+from tests.agent_task import AGENT, agent_task
 from tests.controller.trainers.test_end_to_end import run
 
-AGENT = ["model.tiny_preset=agent", "data.task=tool_arithmetic", "agent.enabled=true", "data.prompt_length=128",
-         "data.response_length=96", "data.val_size=16"]
 
 
 class _Trainer:  # what validation_prompts reads of a trainer
@@ -30,14 +27,8 @@ class _Trainer:  # what validation_prompts reads of a trainer
 
 @pytest.fixture(scope="module")
 def setup():
-    from transformers import AutoTokenizer
-
-    cfg = load_config("grpo_tiny", AGENT)
-    path = model_path(cfg)  # pre-trained once, then cached
-    tokenizer = AutoTokenizer.from_pretrained(path)
-    _, val = build_data(cfg, tokenizer)
+    cfg, path, tokenizer, val, loop = agent_task()
     prompts = validation_prompts(_Trainer(cfg, tokenizer), val).index(torch.arange(8))
-    loop = build_agent_loop(cfg, tokenizer)
     yield cfg, path, tokenizer, prompts, loop
     loop.runner.close()
 
