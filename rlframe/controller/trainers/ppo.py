@@ -32,13 +32,13 @@ from rlframe.controller.trainers import phases
 from rlframe.controller.trainers.agent_loop import build_agent
 from rlframe.controller.trainers.async_rollout import RolloutPipeline
 from rlframe.controller.trainers.checkpoint import CheckpointManager, driver_rng_state, restore_driver_rng
+from rlframe.controller.trainers.console import say
 from rlframe.controller.trainers.generations import GenerationDump
 from rlframe.controller.trainers.metrics import batch_metrics, gathered, overhead, throughput
 from rlframe.controller.trainers.partial_rollout import PartialRollouts
 from rlframe.controller.trainers.preemption import Preempted, PreemptionWatch
 from rlframe.controller.trainers.prepare import build_data, model_path
 from rlframe.controller.trainers.roles import build_roles
-from rlframe.controller.trainers.console import say
 from rlframe.controller.trainers.tracking import Tracker, format_console, progress
 from rlframe.controller.trainers.validation import validate
 from rlframe.controller.worker_group import record_calls
