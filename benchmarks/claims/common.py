@@ -129,6 +129,13 @@ def plot_curves(runs: dict[str, list[list[dict]]], keys: list[str], path: Path, 
             ax.fill_between(steps, vals.min(0), vals.max(0), alpha=0.2)
         ax.set(xlabel="step", title=(titles or {}).get(key, key))
         ax.legend(fontsize=8)
+    save_figure(fig, path)
+
+
+def save_figure(fig, path: Path) -> None:
+    """Lay out, write (PNG at 100 dpi, the folder made) and close a matplotlib figure."""
+    import matplotlib.pyplot as plt
+
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=100)
@@ -169,5 +176,5 @@ def write_claim(section: str, command: str, body: str, before: dict, after: dict
     write_section(section, f"{head}\n\n{body}", path=CLAIMS_MD)
 
 
-__all__ = ["ROOT", "FIGURES", "SEEDS", "run_job", "series", "at_end", "spread", "plot_curves", "claim_args", "publish",
-           "write_claim", "machine_state"]
+__all__ = ["ROOT", "FIGURES", "SEEDS", "run_job", "series", "at_end", "spread", "plot_curves", "save_figure", "claim_args",
+           "publish", "write_claim", "machine_state"]

@@ -20,7 +20,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import FIGURES, SEEDS, machine_state, publish, run_job, series, spread  # noqa: E402
+from common import FIGURES, SEEDS, machine_state, publish, run_job, save_figure, series, spread  # noqa: E402
 
 SECTION = "## Online DPO degrades least as generation runs ahead of training"
 SPLIT = ["resources.placement=split", "actor.dp=1", "critic.dp=1", "algorithm.off_policy_correction=tis"]
@@ -57,10 +57,7 @@ def plot(final: dict[tuple[str, int], list[float]], ks: list[int], path: Path) -
     ax.set(xlabel="staleness bound k (trainer.max_staleness)", ylabel="held-out accuracy (greedy)", xticks=ks,
            title="accuracy after training, mean and range of 3 seeds")
     ax.legend()
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def main() -> None:

@@ -25,7 +25,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from baseline import job, peak_rss, state_per_rank  # noqa: E402
-from common import (FIGURES, SEEDS, claim_args, machine_state, publish, run_job, series, spread)  # noqa: E402
+from common import (FIGURES, SEEDS, claim_args, machine_state, publish, run_job, save_figure, series,  # noqa: E402
+                    spread)
 
 SECTION = "## ReMax needs about half of PPO's memory"
 ARMS = {"PPO (critic)": "ppo", "ReMax": "remax"}
@@ -55,10 +56,7 @@ def plot(memory: dict[str, list[list[dict]]], path: Path) -> None:
     ax.set_xticks(range(len(memory)), list(memory))
     ax.set(ylabel="MB on one rank", title="trained models' state (12m model, 2 ranks)")
     ax.legend()
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def main() -> None:
