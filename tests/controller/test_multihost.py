@@ -28,6 +28,7 @@ from pathlib import Path
 import pytest
 
 from rlframe.utils.netns_hosts import NetnsHosts, unavailable
+from tests.measured import MEASURED
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 WHY_NOT = unavailable()
@@ -36,7 +37,6 @@ pytestmark = [pytest.mark.slow, pytest.mark.skipif(WHY_NOT is not None, reason=f
 # Ray marks a lost node dead after 4 missed health checks of 0.5 s (its defaults take longer)
 FAST_HEALTH = {"RAY_health_check_period_ms": "500", "RAY_health_check_timeout_ms": "1000",
                "RAY_health_check_failure_threshold": "4", "RAY_health_check_initial_delay_ms": "0"}
-NONDETERMINISTIC = ("timing_s/", "perf/")
 # GRPO on the demo model at temperature 0.8 with two mini-batches per step; time-based checkpoints
 # only (every step, as the interval is shorter than a step), all kept
 JOB = ["model.tiny_preset=demo", "data.train_batch_size=4", "data.response_length=6", "data.val_size=16",
@@ -65,7 +65,7 @@ def run(hosts: NetnsHosts, root: Path, name: str, *overrides: str):
 
 def metrics(run_dir: Path) -> dict[int, dict]:
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
-    return {r["step"]: {k: v for k, v in r.items() if not k.startswith(NONDETERMINISTIC)} for r in rows}
+    return {r["step"]: {k: v for k, v in r.items() if not k.startswith(MEASURED)} for r in rows}
 
 
 GROUP_SCRIPT = textwrap.dedent("""

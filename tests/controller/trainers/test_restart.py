@@ -12,8 +12,8 @@ from rlframe.config import load_config, validate
 from rlframe.controller.trainers import run_training
 from rlframe.controller.trainers.restart import WorkerRestartsExhausted
 from tests.controller.trainers.test_end_to_end import COMMON
+from tests.measured import MEASURED
 
-NONDETERMINISTIC = ("timing_s/", "perf/")  # wall-clock and memory measurements
 RUN = COMMON + ["data.train_batch_size=4", "algorithm.use_kl_loss=false", "ref.enabled=false",
                 "trainer.total_steps=4", "trainer.save_every=2", "trainer.val_every=0", "trainer.export_hf=false"]
 WORKERS = "actor.worker_cls=tests.controller.trainers.faulty_workers:"
@@ -28,7 +28,7 @@ def train(tmp_path: Path, name: str, *extra: str) -> Path:
 
 def metrics(run_dir: Path) -> dict[int, dict]:
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
-    return {r["step"]: {k: v for k, v in r.items() if not k.startswith(NONDETERMINISTIC)} for r in rows}
+    return {r["step"]: {k: v for k, v in r.items() if not k.startswith(MEASURED)} for r in rows}
 
 
 @pytest.mark.slow

@@ -18,9 +18,9 @@ from rlframe.controller.trainers.run_lock import LOCK_FILE
 from rlframe.controller.trainers.step_files import read_jsonl
 from rlframe.utils import manifest
 from tests.controller.trainers.test_end_to_end import COMMON
+from tests.measured import MEASURED
 
 REPO = Path(__file__).resolve().parents[3]
-NONDETERMINISTIC = ("timing_s/", "perf/")  # wall-clock measurements
 
 
 def launch(out_dir: Path, *extra: str) -> subprocess.Popen:
@@ -46,7 +46,7 @@ def kill_session(sid: int) -> None:
 
 def metrics(out_dir: Path) -> dict[int, dict]:
     rows = [json.loads(l) for l in (out_dir / "run" / "metrics.jsonl").read_text().splitlines() if l.strip()]
-    return {r["step"]: {k: v for k, v in r.items() if not k.startswith(NONDETERMINISTIC)} for r in rows}
+    return {r["step"]: {k: v for k, v in r.items() if not k.startswith(MEASURED)} for r in rows}
 
 
 def finish(proc: subprocess.Popen, timeout: float = 900) -> str:
