@@ -24,7 +24,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import (FIGURES, SEEDS, machine_state, plot_curves, run_job, series, spread, write_claim)  # noqa: E402
+from common import (FIGURES, SEEDS, at_step, machine_state, per_role, plot_curves, run_job, series, spread,  # noqa: E402
+                    write_claim)
 
 from rlframe.config.schema import ALGORITHMS  # noqa: E402
 
@@ -44,18 +45,12 @@ def job(algorithm: str, task: str, steps: int, seed: int, out: Path) -> list[dic
 
 def peak_rss(rows: list[dict]) -> float:
     """MB: the largest worker process's peak resident memory, as the run's last evaluation saw it."""
-    last = [r for r in rows if any(k.startswith("memory/rss_mb/") for k in r)][-1]
-    return max(v for k, v in last.items() if k.startswith("memory/rss_mb/"))
+    return max(per_role(rows, "rss_mb").values())
 
 
 def state_per_rank(rows: list[dict]) -> float:
     """MB: parameters, gradient buffers and optimizer state of every trained role on one rank."""
-    last = [r for r in rows if any(k.startswith("memory/state_mb/") for k in r)][-1]
-    return sum(v for k, v in last.items() if k.startswith("memory/state_mb/"))
-
-
-def at_step(rows: list[dict], key: str, step: int) -> float:
-    return dict(zip(*series(rows, key)))[step]
+    return sum(per_role(rows, "state_mb").values())
 
 
 def cell(runs: list[list[dict]], steps: int) -> dict[str, list[float]]:

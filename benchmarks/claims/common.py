@@ -94,6 +94,18 @@ def series(rows: list[dict], key: str) -> tuple[list[int], list[float]]:
     return [s for s, _ in pts], [v for _, v in pts]
 
 
+def at_step(rows: list[dict], key: str, step: int) -> float:
+    """`key` as the run logged it at `step`."""
+    return dict(zip(*series(rows, key)))[step]
+
+
+def per_role(rows: list[dict], metric: str) -> dict[str, float]:
+    """{role: value} of `memory/<metric>/<role>` in the last row that has it (the run's last evaluation)."""
+    prefix = f"memory/{metric}/"
+    last = [r for r in rows if any(k.startswith(prefix) for k in r)][-1]
+    return {k[len(prefix):]: v for k, v in last.items() if k.startswith(prefix)}
+
+
 def at_end(rows: list[dict], key: str, *, last: int = 1) -> float:
     """The mean of `key` over the run's last `last` rows that have it."""
     _, values = series(rows, key)
@@ -176,5 +188,5 @@ def write_claim(section: str, command: str, body: str, before: dict, after: dict
     write_section(section, f"{head}\n\n{body}", path=CLAIMS_MD)
 
 
-__all__ = ["ROOT", "FIGURES", "SEEDS", "run_job", "series", "at_end", "spread", "plot_curves", "save_figure", "claim_args",
+__all__ = ["ROOT", "FIGURES", "SEEDS", "run_job", "series", "at_step", "per_role", "at_end", "spread", "plot_curves", "save_figure", "claim_args",
            "publish", "write_claim", "machine_state"]

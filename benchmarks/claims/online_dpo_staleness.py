@@ -20,7 +20,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import FIGURES, SEEDS, machine_state, publish, run_job, save_figure, series, spread  # noqa: E402
+from common import FIGURES, SEEDS, at_step, machine_state, publish, run_job, save_figure, spread  # noqa: E402
 
 SECTION = "## Online DPO degrades least as generation runs ahead of training"
 SPLIT = ["resources.placement=split", "actor.dp=1", "critic.dp=1", "algorithm.off_policy_correction=tis"]
@@ -72,7 +72,7 @@ def main() -> None:
                     rows = run_job([*SPLIT, *extra, f"trainer.max_staleness={k}", f"trainer.total_steps={args.steps}",
                                     "trainer.val_every=10"], seed=seed, out=Path(tmp),
                                    name=f"{extra[0].split('=')[1]}_k{k}", config="ppo_tiny")
-                    final.setdefault((name, k), []).append(dict(zip(*series(rows, "val/accuracy")))[args.steps])
+                    final.setdefault((name, k), []).append(at_step(rows, "val/accuracy", args.steps))
     after = machine_state()
     lo, hi = ks[0], ks[-1]
     table = ["| algorithm | " + " | ".join(f"k={k}" for k in ks) + f" | drop k={lo} -> k={hi} (points) |",

@@ -24,7 +24,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from baseline import job  # noqa: E402
-from common import (FIGURES, SEEDS, claim_args, machine_state, plot_curves, publish, run_job, series,  # noqa: E402
+from common import (FIGURES, SEEDS, at_step, claim_args, machine_state, plot_curves, publish, run_job, series,  # noqa: E402
                     spread)
 
 SECTION = "## RAFT (rejection sampling) reaches PPO on the same generation budget"
@@ -47,7 +47,7 @@ def main() -> None:
             runs["RAFT (32 x 4)"].append(run_job([*RAFT, f"trainer.total_steps={args.steps}", "trainer.val_every=10"],
                                                  seed=seed, out=Path(tmp), name="raft_budget", config="ppo_tiny"))
     after = machine_state()
-    final = {n: [dict(zip(*series(r, "val/accuracy")))[args.steps] for r in g] for n, g in runs.items()}
+    final = {n: [at_step(r, "val/accuracy", args.steps) for r in g] for n, g in runs.items()}
     reward = {n: [statistics.fmean(series(r, "critic/accuracy")[1][-10:]) for r in g] for n, g in runs.items()}
     table = ["| arm | held-out accuracy, start -> after training | training accuracy, last 10 steps | s per step |",
              "|---|---|---|---|"]

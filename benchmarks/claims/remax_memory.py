@@ -25,18 +25,13 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from baseline import job, peak_rss, state_per_rank  # noqa: E402
-from common import (FIGURES, SEEDS, claim_args, machine_state, publish, run_job, save_figure, series,  # noqa: E402
-                    spread)
+from common import (FIGURES, SEEDS, at_step, claim_args, machine_state, per_role, publish, run_job,  # noqa: E402
+                    save_figure, series, spread)
 
 SECTION = "## ReMax needs about half of PPO's memory"
 ARMS = {"PPO (critic)": "ppo", "ReMax": "remax"}
 MEMORY = ["model.tiny_preset=12m", "model.tiny_pretrain_steps=0", "trainer.total_steps=3", "trainer.val_every=3",
           "data.val_size=16"]
-
-
-def role_state(rows: list[dict]) -> dict[str, float]:
-    last = [r for r in rows if any(k.startswith("memory/state_mb/") for k in r)][-1]
-    return {k.rsplit("/", 1)[1]: v for k, v in last.items() if k.startswith("memory/state_mb/")}
 
 
 def plot(memory: dict[str, list[list[dict]]], path: Path) -> None:
@@ -47,7 +42,7 @@ def plot(memory: dict[str, list[list[dict]]], path: Path) -> None:
 
     fig, ax = plt.subplots(figsize=(6, 3.6))
     for i, (name, group) in enumerate(memory.items()):
-        states = [role_state(rows) for rows in group]
+        states = [per_role(rows, "state_mb") for rows in group]
         bottom = 0.0
         for role, color in (("actor", "C0"), ("critic", "C1"), ("ref", "C2")):
             value = statistics.fmean(s.get(role, 0.0) for s in states)
@@ -73,11 +68,11 @@ def main() -> None:
     after = machine_state()
     state = {name: [state_per_rank(r) for r in group] for name, group in memory.items()}
     rss = {name: [peak_rss(r) for r in group] for name, group in memory.items()}
-    final = {name: [dict(zip(*series(r, "val/accuracy")))[args.steps] for r in group] for name, group in accuracy.items()}
+    final = {name: [at_step(r, "val/accuracy", args.steps) for r in group] for name, group in accuracy.items()}
     table = ["| algorithm | model state per rank, MB (12m) | of it, by role | peak RSS of a worker, MB (12m) | "
              f"held-out accuracy after {args.steps} steps (demo) |", "|---|---|---|---|---|"]
     for name in ARMS:
-        roles = role_state(memory[name][0])
+        roles = per_role(memory[name][0], "state_mb")
         table.append(f"| {name} | {spread(state[name], '.1f')} | "
                      f"{', '.join(f'{k} {v:.1f}' for k, v in roles.items())} | {spread(rss[name], '.0f')} | "
                      f"{spread(final[name], '.1%')} |")
