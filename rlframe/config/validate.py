@@ -271,10 +271,10 @@ def _check_kl_and_sampling(cfg: RunConfig, out: list[str]) -> None:
     if data.task is not None and not data.train_files and data.train_batch_size > data.train_size:
         out.append(f"data.train_batch_size={data.train_batch_size} is larger than the synthetic task's "
                    f"data.train_size={data.train_size} prompts; lower the batch or raise train_size")
-    from rlframe.data.pretrain import DEFAULT_SFT, TASKS, SFTConfig
+    from rlframe.data.pretrain import TASKS, default_sft
 
     if data.task in TASKS:  # the split is fixed per task (held out from the tiny model's pre-training)
-        split = DEFAULT_SFT.get(data.task, SFTConfig())
+        split = default_sft(data.task)
         for key, size, have, which in (("train_size", data.train_size, split.num_train, "train_files"),
                                        ("val_size", data.val_size, split.num_test, "val_files")):
             if size > have and not getattr(data, which):

@@ -123,6 +123,12 @@ DEFAULT_SFT: dict[str, SFTConfig] = {
 }
 
 
+def default_sft(task: str) -> SFTConfig:
+    """The task's pre-training recipe when the caller gives none; its num_train / num_test are also the
+    task's fixed train/test split (rlframe/controller/trainers/prepare.py)."""
+    return DEFAULT_SFT.get(task, SFTConfig())
+
+
 def _cpu_has_avx2() -> bool:
     """True on x86-64 Linux CPUs with AVX2 and FMA (the test torch applies to pick its AVX2 build)."""
     if platform.machine().lower() not in ("x86_64", "amd64"):
@@ -406,7 +412,7 @@ def _recipe(preset: str, task: str, steps: int | None, cfg: SFTConfig | None) ->
     """The SFT settings of a build (the task's default unless given), after checking preset and task."""
     from rlframe.data.tiny_model import PRESETS
 
-    cfg = cfg or DEFAULT_SFT.get(task, SFTConfig())
+    cfg = cfg or default_sft(task)
     if steps is not None:
         cfg = SFTConfig(**{**asdict(cfg), "steps": steps})
     if task not in TASKS:

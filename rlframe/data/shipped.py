@@ -108,12 +108,12 @@ def install_shipped(folder: Path, dest: Path) -> Path:
 def rebuild(name: str, presets_dir: Path | None = None) -> Path:
     """Train shipped model `name` on this machine (in a temporary cache) and write it, with its
     manifest, to `presets_dir/name` (the repository's rlframe/data/presets by default)."""
-    from rlframe.data.pretrain import DEFAULT_SFT, SFTConfig, build_pretrained_model, cache_key
+    from rlframe.data.pretrain import build_pretrained_model, cache_key, default_sft
 
     if name not in RECIPES:
         raise ValueError(f"no shipped model {name!r}; choose one of {sorted(RECIPES)}")
     recipe = RECIPES[name]
-    key = cache_key(**recipe, cfg=DEFAULT_SFT.get(recipe["task"], SFTConfig()))
+    key = cache_key(**recipe, cfg=default_sft(recipe["task"]))
     out = Path(presets_dir or PRESETS_DIR) / name
     with tempfile.TemporaryDirectory() as cache:
         built = build_pretrained_model(**recipe, cache_dir=cache, use_shipped=False)

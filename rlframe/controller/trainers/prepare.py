@@ -64,14 +64,14 @@ def data_settings(cfg: RunConfig) -> dict:
     (arithmetic, tool_arithmetic), so the RL prompts are the ones the tiny model was pre-trained on
     and the test split stays held out from it. `data.seed` is not here: it only orders the prompts.
     """
-    from rlframe.data.pretrain import DEFAULT_SFT, PRETRAIN_SEED, TASKS, SFTConfig
+    from rlframe.data.pretrain import PRETRAIN_SEED, TASKS, default_sft
     from rlframe.data.tool_task import DATA_SOURCE as TOOL_TASK
 
     task = cfg.data.task
     out = {"format": DATA_FORMAT, "task": task, "split_seed": PRETRAIN_SEED,
            "train_size": cfg.data.train_size, "val_size": cfg.data.val_size}
     if task in TASKS:
-        sft = DEFAULT_SFT.get(task, SFTConfig())
+        sft = default_sft(task)
         return {**out, "spec": asdict(TASKS[task]), "num_train": sft.num_train, "num_test": sft.num_test}
     raise ValueError(f"data.task={task!r} is not a synthetic task; use arithmetic, countdown or {TOOL_TASK}, "
                      "or set data.task=null and give data.train_files")
