@@ -7,8 +7,7 @@ Every run: the tiny arithmetic task and demo model, split placement (actor, refe
 PPO, and vLLM each in their own process), the same data, seed and number of steps; only the
 staleness bound k (trainer.max_staleness; 0 = synchronous) differs. The off-policy correction is
 the PPO ratio against the current weights' log-probs with truncated importance weights (tis) for
-PPO and GRPO; online DPO takes the stale pairs as they are (at lr 2e-5: the default 1e-4 made
-it unlearn even synchronously). Writes results.md and staleness.png
+PPO and GRPO; online DPO takes the stale pairs as they are (its config group's lr, 2e-5). Writes results.md and staleness.png
 here: final held-out greedy accuracy and training wall time per (algorithm, k), and accuracy vs
 wall time. One run per cell: the spread between seeds is not measured here.
 """
@@ -29,10 +28,7 @@ SPLIT = ["resources.placement=split", "actor.dp=1", "critic.dp=1"]
 ALGOS = {
     "ppo": ("ppo_tiny", ["+resources.split_procs={actor: 1, critic: 1, ref: 1, rollout: 1}"]),
     "grpo": ("grpo_tiny", ["+resources.split_procs={actor: 1, ref: 1, rollout: 1}"]),
-    "online_dpo": ("grpo_tiny", ["+resources.split_procs={actor: 1, ref: 1, rollout: 1}", "algorithm.name=online_dpo",
-                                 "algorithm.n_samples=2", "algorithm.use_kl_loss=false", "actor.mini_batch_size=128",
-                                 "actor.lr=2e-5",
-                                 "data.train_batch_size=64"]),
+    "online_dpo": ("grpo_tiny", ["+resources.split_procs={actor: 1, ref: 1, rollout: 1}", "algorithm=online_dpo"]),
 }
 
 
