@@ -96,10 +96,30 @@ def link(small: int = 4096, large: int = 8 << 20, repeats: int = 20) -> tuple[fl
 
 
 def variants(cfg) -> list[list[str]]:
-    """The profiled runs: the config as given, half its micro-batches, twice its batch."""
-    half = [f"{r}.micro_batch_size={max(1, getattr(cfg, r).micro_batch_size // 2)}" for r in ("actor", "critic")]
-    double = [f"data.train_batch_size={cfg.data.train_batch_size * 2}"]
-    return [[], half, double]
+    """The profiled runs: the config as given, half its micro-batches (counted by rows), twice its batch."""
+    def half(role: str) -> list[str]:
+        r = getattr(cfg, role)
+        rows = r.micro_batch_size or r.mini_batch_size // (r.dp * r.sp)
+        return [f"{role}.micro_batch_size={max(1, rows // 2)}", f"{role}.max_tokens_per_micro_batch=null"]
+
+    return [[], [*half("actor"), *half("critic")], [f"data.train_batch_size={cfg.data.train_batch_size * 2}"]]
+
+
+def check_profilable(cfg) -> None:
+    """The fit needs phases that run one after another (colocated, synchronous) on this host's CPUs."""
+    problems = []
+    if cfg.resources.use_gpu:
+        problems.append("GPU configs are not calibrated yet (the rate and link probes measure CPUs); use "
+                        "--constants h100-assumed or a constants file")
+    if cfg.resources.placement != "colocated" or cfg.trainer.max_staleness > 0:
+        problems.append("calibrate on a colocated synchronous config (resources.placement=colocated, "
+                        "trainer.max_staleness=0): there the phases run one after another and each timer is "
+                        "its own phase; the constants then serve every plan")
+    if cfg.resources.nodes > 1:
+        problems.append("calibrate on one host (resources.nodes=1); between hosts the model takes "
+                        "net_latency_s / net_bandwidth from the constants file")
+    if problems:
+        raise ValueError("rlframe plan --calibrate: " + "; ".join(problems))
 
 
 def profile(name: str, overrides: list[str], *, steps: int = 4, config_path: str | None = None) -> list[dict]:
@@ -132,6 +152,30 @@ def with_coefficients(base: Constants, x: dict[str, float]) -> Constants:
                                         for k, v in x.items()})
 
 
+def nnls(a, y):
+    """min ||a x - y|| subject to x >= 0 (Lawson and Hanson's active-set method)."""
+    import numpy as np
+
+    n = a.shape[1]
+    x, passive = np.zeros(n), np.zeros(n, dtype=bool)
+    for _ in range(3 * n + 10):
+        w = a.T @ (y - a @ x)
+        if passive.all() or w[~passive].max(initial=0.0) <= 1e-12 * max(1.0, abs(w).max()):
+            break
+        passive[int(np.argmax(np.where(passive, -np.inf, w)))] = True
+        while True:
+            z = np.zeros(n)
+            z[passive] = np.linalg.lstsq(a[:, passive], y, rcond=None)[0]
+            if (z[passive] > 0).all():
+                x = z
+                break
+            neg = passive & (z <= 0)
+            alpha = np.min(x[neg] / (x[neg] - z[neg]))
+            x = x + alpha * (z - x)
+            passive &= x > 1e-15
+    return x
+
+
 def fit(samples: list[tuple[object, dict[str, float]]], dims, base: Constants) -> tuple[Constants, float]:
     """Least squares with non-negative coefficients of the FITTED constants over (config, observed
     phases) pairs; the model is linear in them (compute / efficiency, fixed costs times counts).
@@ -142,26 +186,19 @@ def fit(samples: list[tuple[object, dict[str, float]]], dims, base: Constants) -
         return CostModel(cfg, dims, with_coefficients(base, x)).step().phases
 
     zero = {k: 0.0 for k in FITTED}
-    rows, target, scale = [], [], []
+    rows, target = [], []
     for cfg, seen in samples:
         at0 = phases(cfg, zero)
         cols = {k: phases(cfg, {**zero, k: 1.0}) for k in FITTED}
         for p in PHASES:
-            if p in seen and p in at0:
+            if seen.get(p, 0.0) > 0 and p in at0:  # a phase the run has (a zero timer: it waited on none)
                 w = 1.0 / max(seen[p], 1e-3)  # relative errors: every phase counts alike
                 rows.append([(cols[k][p] - at0[p]) * w for k in FITTED])
                 target.append((seen[p] - at0[p]) * w)
-                scale.append((p, seen[p]))
-    a, y = np.array(rows), np.array(target)
-    free = list(range(len(FITTED)))
-    coef = np.zeros(len(FITTED))
-    while free:  # active set: drop the most negative coefficient and refit until none is negative
-        sol, *_ = np.linalg.lstsq(a[:, free], y, rcond=None)
-        if (sol >= 0).all():
-            coef[free] = sol
-            break
-        free.pop(int(np.argmin(sol)))
-    fitted = with_coefficients(base, dict(zip(FITTED, coef.tolist())))
+    coef = nnls(np.array(rows), np.array(target))
+    # an efficiency whose coefficient is 0 was not identified (its compute would be free): keep base's
+    coef = [c if (c > 0 or k not in INVERSE) else 1.0 / getattr(base, k) for k, c in zip(FITTED, coef.tolist())]
+    fitted = with_coefficients(base, dict(zip(FITTED, coef)))
     errors = [abs(CostModel(cfg, dims, fitted).step().phases[p] - seen[p]) / seen[p]
               for cfg, seen in samples for p in PHASES if p in seen and seen[p] > 0]
     return fitted, statistics.median(errors) if errors else float("nan")
@@ -174,6 +211,7 @@ def calibrate(name: str, overrides: list[str], *, config_path: str | None = None
     from rlframe.utils.machine import cpu_model
 
     cfg = validate(load_config(name, overrides, extra_dir=config_path))
+    check_profilable(cfg)
     dtype = str(runtime_dtype(cfg)).removeprefix("torch.")
     flops = compute_rate(dtype)
     log(f"compute: {flops / 1e9:.1f} GFLOP/s per process ({dtype}, one thread)")
@@ -190,7 +228,7 @@ def calibrate(name: str, overrides: list[str], *, config_path: str | None = None
         lengths += [r["response_length/mean"] / run_cfg.data.response_length for r in rows if "response_length/mean" in r]
         log(f"profiled {' '.join(extra) or 'as given'}: {samples[-1][1]['step']:.3f} s per step "
             f"({time.perf_counter() - t0:.0f} s)")
-    base = Constants(flops=flops, cores=cores if not cfg.resources.use_gpu else float(cfg.resources.procs_per_node),
+    base = Constants(flops=flops, cores=cores,
                      latency_s=latency, bandwidth=bandwidth,
                      response_fill=statistics.median(lengths) if lengths else 1.0)
     fitted, err = fit(samples, dims, base)

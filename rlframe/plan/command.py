@@ -29,7 +29,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--config-path", "-cp", default=None)
     p.add_argument("--top", type=int, default=10, help="plans to print (default 10)")
     p.add_argument("--write", type=Path, default=None, help="store the best plan as this YAML config")
-    p.add_argument("--constants", type=Path, default=DEFAULT_CONSTANTS, help="the machine's fitted constants")
+    p.add_argument("--constants", default=str(DEFAULT_CONSTANTS),
+                   help="the machine's fitted constants (a file), or h100-assumed (datasheet figures: docs/plan.md)")
     p.add_argument("--max-staleness", type=int, default=None,
                    help="plans may generate up to K steps ahead of training (default: the config's trainer.max_staleness)")
     p.add_argument("--calibrate", action="store_true", help="measure the constants on this machine first")
@@ -70,7 +71,7 @@ def write_config(path: Path, cfg, *, header: str) -> None:
 def main(argv: list[str]) -> int:
     from rlframe.config import ConfigError, load_config
     from rlframe.controller.dry_run import model_dims
-    from rlframe.plan.cost import Constants
+    from rlframe.plan.cost import PRESETS, Constants
 
     args = parse(argv)
     try:  # not validated as it is: its layout may not fit the resources yet, which is what the plans choose
@@ -81,16 +82,26 @@ def main(argv: list[str]) -> int:
     if args.calibrate:
         from rlframe.plan.calibrate import calibrate
 
-        constants = calibrate(args.config_name, args.overrides, config_path=args.config_path)
-        constants.save(args.constants)
+        try:
+            constants = calibrate(args.config_name, args.overrides, config_path=args.config_path)
+        except (ConfigError, ValueError) as err:
+            print(f"rlframe: {err}", file=sys.stderr)
+            return 2
+        constants.save(Path(args.constants))
         print(f"constants ({constants.source}) written to {args.constants}")
-    elif args.constants.is_file():
-        constants = Constants.load(args.constants)
+    elif args.constants in PRESETS:
+        constants = PRESETS[args.constants]
+    elif Path(args.constants).is_file():
+        constants = Constants.load(Path(args.constants))
     else:
         constants = Constants()
         print(f"rlframe plan: no constants at {args.constants}: using defaults (run `rlframe plan --calibrate`)")
     dims = model_dims(base)
-    rows, space = ranked(base, dims, constants, max_staleness=args.max_staleness)
+    try:
+        rows, space = ranked(base, dims, constants, max_staleness=args.max_staleness)
+    except ValueError as err:  # a trainer the cost model does not describe
+        print(f"rlframe plan: {err}", file=sys.stderr)
+        return 2
     res = base.resources
     print(f"{len(rows)} plans for {args.config_name} on {res.nodes} x {res.procs_per_node} "
           f"{'GPU' if res.use_gpu else 'CPU'} processes; constants: {constants.source}")

@@ -23,6 +23,7 @@ pipeline stages, FSDP's gathers per micro-batch, attention FLOPs at the mean con
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import asdict, dataclass, field
 from math import prod
 from pathlib import Path
@@ -49,6 +50,7 @@ class Constants:
     net_latency_s: float = 1e-3   # likewise between hosts
     net_bandwidth: float = 1e9
     response_fill: float = 1.0    # mean response length / data.response_length
+    memory_bandwidth: float = math.inf  # bytes/s a process reads its weights and KV cache at (decode steps)
     source: str = "defaults, not calibrated"
 
     def save(self, path: Path) -> None:
@@ -70,6 +72,10 @@ class StepCost:
     notes: list[str] = field(default_factory=list)
 
 
+UNMODELLED = {"online_dpo": "pairs of samples, a reference pass and a DPO update",
+              "sft": "supervised updates without generation"}
+
+
 # ---- the model's arithmetic -----------------------------------------------------------------------
 def matmul_params(dims: ModelDims, *, head: str = "lm") -> int:
     """Parameters that take part in a matmul per token: every 2-D weight but the embedding table
@@ -77,6 +83,15 @@ def matmul_params(dims: ModelDims, *, head: str = "lm") -> int:
     shapes = hf_param_shapes(dims)
     n = sum(prod(s) for name, s in shapes.items() if len(s) == 2 and "embed_tokens" not in name and "lm_head" not in name)
     return n + dims.hidden_size * (dims.vocab_size if head == "lm" else 1)
+
+
+def all_params(dims: ModelDims, *, head: str = "lm") -> int:
+    """Every parameter a role trains and its data-parallel ranks gather and reduce (with a value head
+    of H x 1 instead of the LM head)."""
+    shapes = hf_param_shapes(dims)
+    n = sum(prod(s) for name, s in shapes.items() if "lm_head" not in name)
+    lm_head = 0 if dims.tied_embeddings else dims.hidden_size * dims.vocab_size
+    return n + (lm_head if head == "lm" else dims.hidden_size)
 
 
 def flops_per_token(dims: ModelDims, *, context: float, head: str = "lm") -> float:
@@ -102,7 +117,13 @@ class CostModel:
         self.samples = d.train_batch_size * cfg.algorithm.n_samples
         self.response = d.response_length * c.response_fill
         self.seq = d.prompt_length + self.response
+        if cfg.algorithm.name in UNMODELLED:
+            raise ValueError(f"rlframe plan models the PPO-family step; {cfg.algorithm.name}'s trainer "
+                             f"({UNMODELLED[cfg.algorithm.name]}) is not modelled")
         self.b = 2 if cfg.actor.precision == "bf16" or (cfg.actor.precision == "auto" and cfg.resources.use_gpu) else 4
+        self.cores = math.inf if cfg.resources.use_gpu else c.cores  # GPUs: a device per process
+        # FSDP on CPUs gathers each layer once per step and keeps it (engines/fsdp: gather_once_per_step)
+        self.gather_once = not cfg.resources.use_gpu
 
     def ring(self, nbytes: float, ranks: int, kind: str = "all_reduce", *, stride: int = 1) -> float:
         """A collective over `ranks` processes `stride` apart in rank order (tp 1, dp tp, pp tp x dp:
@@ -129,31 +150,58 @@ class CostModel:
         per_token = flops_per_token(self.dims, context=self.seq / 2, head=head) * (3 if train else 1)
         compute = per_token * self.samples * self.seq * epochs / (dp * tp * pp) / (c.flops * (c.train_eff if train else c.infer_eff))
         if pp > 1:  # 1F1B: (pp - 1) idle slots per pipeline flush of m micro-batches
-            m = max(1, role.mini_batch_size // dp // role.micro_batch_size)
+            per_flush = role.mini_batch_size // dp if train else rows  # a forward pass runs every row in one flush
+            m = max(1, per_flush // role.micro_batch_size)
             compute *= 1 + (pp - 1) / m
         comm = micro * self._tp_collectives(role, role.micro_batch_size, 4 if train else 2)
-        shard = matmul_params(self.dims, head=head) / (tp * pp)
-        if dp > 1 and role.strategy == "fsdp":  # per micro-batch: gather the weights (forward, and backward
-            gathers = 2 if train else 1           # when training) and reduce-scatter the gradients
-            comm += micro * (gathers * self.ring(shard * self.b, dp, "all_gather", stride=tp)
-                             + (self.ring(shard * 4, dp, "reduce_scatter", stride=tp) if train else 0.0))
+        shard = all_params(self.dims, head=head) / (tp * pp)
+        steps = max(1, self.samples // role.mini_batch_size) * epochs if train else 1
+        if dp > 1 and role.strategy == "fsdp":
+            if self.gather_once:  # CPUs: each layer gathered once per step (call), gradients reduced per optimizer step
+                comm += self.ring(shard * self.b, dp, "all_gather", stride=tp)
+                comm += steps * self.ring(shard * 4, dp, "reduce_scatter", stride=tp) if train else 0.0
+            else:  # ZeRO-3 per micro-batch: gather forward (and backward), reduce-scatter the gradients
+                gathers = 2 if train else 1
+                comm += micro * (gathers * self.ring(shard * self.b, dp, "all_gather", stride=tp)
+                                 + (self.ring(shard * 4, dp, "reduce_scatter", stride=tp) if train else 0.0))
         elif dp > 1 and train:  # megatron: the gradient buffer's all-reduce once per optimizer step
-            steps = max(1, self.samples // role.mini_batch_size) * epochs
             comm += steps * self.ring(shard * 4, dp, stride=tp)
         return c.call_s + micro * c.micro_s + compute + comm
 
-    def generate(self) -> float:
-        """Every sample by the generation replicas at once: prefill, then one decode step per token."""
-        cfg, c = self.cfg, self.c
+    def concurrent_sequences(self, tp: int) -> int:
+        """Sequences one replica decodes at once: rollout.max_num_seqs, or fewer when its KV cache
+        (the dry run's estimate of what vLLM gets) holds fewer whole sequences."""
+        from rlframe.controller.memory_estimate import GiB, Estimate
+
+        d, cfg = self.dims, self.cfg
+        rows = Estimate(cfg, d, hf_param_shapes(d), self.b).vllm_rows()
+        kv_gib = next((g for name, g in rows if name.startswith("vLLM KV cache")), math.inf)
+        per_token = 2 * d.num_layers * d.num_kv_heads * d.head_dim * self.b / tp  # K and V, this rank's heads
+        longest = cfg.data.prompt_length + cfg.data.response_length
+        return max(1, min(cfg.rollout.max_num_seqs, int(max(kv_gib, 0.0) * GiB / per_token // longest)))
+
+    def generate(self, samples: float | None = None) -> float:
+        """`samples` (default the step's) by the generation replicas at once: prefill, then one
+        decode step per token (at most rollout.partial_budget of them with partial rollouts), in as
+        many waves as the replica's KV cache needs."""
+        cfg, c, d = self.cfg, self.c, self.dims
         procs = role_world_sizes(cfg).get(generation_group(cfg), 0)
         tp = cfg.rollout.tp
         replicas = max(1, procs // tp)
-        seqs = self.samples / replicas
+        seqs = (self.samples if samples is None else samples) / replicas
+        steps = min(self.response, cfg.rollout.partial_budget) if cfg.rollout.partial_budget else self.response
+        batch = min(seqs, self.concurrent_sequences(tp))
+        waves = math.ceil(seqs / batch)
         prompt = cfg.data.prompt_length
-        prefill = seqs * prompt * flops_per_token(self.dims, context=prompt / 2) / tp / (c.flops * c.infer_eff)
-        per_step = seqs * flops_per_token(self.dims, context=prompt + self.response / 2) / tp / (c.flops * c.decode_eff)
-        comm = 2 * self.dims.num_layers * self.ring(seqs * self.dims.hidden_size * self.b, tp) if tp > 1 else 0.0
-        return c.call_s + prefill + self.response * (c.decode_s + per_step + comm)
+        prefill = seqs * prompt * flops_per_token(d, context=prompt / 2) / tp / (c.flops * c.infer_eff)
+        context = prompt + self.response / 2
+        per_step = batch * flops_per_token(d, context=context) / tp / (c.flops * c.decode_eff)
+        # a decode step also reads the rank's weights and its sequences' KV cache once: memory-bound
+        # when that takes longer than the step's FLOPs (small batches on GPUs)
+        kv = batch * context * 2 * d.num_layers * d.num_kv_heads * d.head_dim * self.b / tp
+        per_step = max(per_step, (matmul_params(d) * self.b / tp + kv) / c.memory_bandwidth)
+        comm = 2 * d.num_layers * self.ring(batch * d.hidden_size * self.b, tp) if tp > 1 else 0.0
+        return c.call_s + prefill + waves * steps * (c.decode_s + per_step + comm)
 
     def weight_sync(self) -> float:
         """The actor's weights into the generation layout: the planner's exact bytes, the most any
@@ -168,6 +216,10 @@ class CostModel:
         metas = {n: ParamMeta(s, dtype) for n, s in hf_param_shapes(self.dims).items()}
         plan = cached_plan(metas, src=train, dst=gen, num_layers=self.dims.num_layers)
         most = max((plan.bytes_received(r) for r in gen.ranks), default=0)
+        if self.cfg.actor.lora_rank > 0:  # only the adapters move (the base weights never change)
+            from rlframe.controller.memory_estimate import lora_fraction
+
+            most *= lora_fraction(hf_param_shapes(self.dims), self.cfg.actor)
         spans = self.cfg.resources.nodes > 1 and self.cfg.resources.placement == "split"  # colocated: rank to itself
         latency, bandwidth = (self.c.net_latency_s, self.c.net_bandwidth) if spans else (self.c.latency_s, self.c.bandwidth)
         return self.c.call_s + latency * len(plan.transfers) / max(1, len(gen.ranks)) + most / bandwidth
@@ -180,10 +232,12 @@ class CostModel:
         world = cfg.resources.nodes * cfg.resources.procs_per_node
         from rlframe.controller.trainers.phases import needs_old_log_probs
 
-        groups = {"ref": "ref" if split else "actor", "old_log_prob": "actor", "values": "critic" if split else "actor",
+        # the reference's pass: its own group when split, else the actor's (with LoRA: adapters off)
+        groups = {"ref": "ref" if split and has_reference_group(cfg) else "actor",
+                  "old_log_prob": "actor", "values": "critic" if split else "actor",
                   "update_actor": "actor", "update_critic": "critic" if split else "actor"}
         forward, update = {}, {}
-        if has_reference_group(cfg):
+        if cfg.uses_ref:
             forward["ref"] = self._pass(cfg.actor, head="lm", train=False)
         if needs_old_log_probs(cfg, rows=self.samples):
             forward["old_log_prob"] = self._pass(cfg.actor, head="lm", train=False)
@@ -197,14 +251,14 @@ class CostModel:
 
         def alone(seconds: float, n: int) -> float:
             """A part's time when nothing else runs: its n processes share the cores."""
-            return seconds * max(1.0, n / c.cores)
+            return seconds * max(1.0, n / self.cores)
 
         def together(parts: list[tuple[float, int]]) -> float:
             """Parts running at once (time alone, processes): the longest of them, or the cores'
             total work when that is longer (n processes keep min(n, cores) cores busy)."""
             if not parts:
                 return 0.0
-            return max(max(t for t, _ in parts), sum(t * min(n, c.cores) for t, n in parts) / c.cores)
+            return max(max(t for t, _ in parts), sum(t * min(n, self.cores) for t, n in parts) / self.cores)
 
         def stage(phases: dict[str, float]) -> tuple[dict[str, float], float, int]:
             """Phases issued together: a group runs its own in turn, groups run at once. Returns each
@@ -229,7 +283,10 @@ class CostModel:
             return timers, total, sum(procs(g) for g in by_group)
 
         gen_procs = procs(generation_group(cfg)) if split else world
-        gen = alone(self.generate(), gen_procs)
+        work = self.generate()
+        if cfg.algorithm.adv_estimator == "remax":  # and each prompt's greedy answer, its baseline
+            work += self.generate(cfg.data.train_batch_size)
+        gen = alone(work, gen_procs)
         fwd_t, fwd, fwd_n = stage(forward)
         upd_t, upd, upd_n = stage(update)
         sync = self.weight_sync()
@@ -241,6 +298,25 @@ class CostModel:
         else:
             cost.total = gen + train + sync
         return cost
+
+
+# NVIDIA H100 SXM 80GB, assumed (no GPU has been measured with `--calibrate` yet); every number is
+# a datasheet figure times an efficiency taken from published training and serving reports:
+H100_ASSUMED = Constants(
+    flops=989e12,               # bf16 dense tensor-core peak, no sparsity
+    cores=math.inf,             # one device per process: processes never share compute
+    train_eff=0.40,             # megatron-core at 7B-70B reports about 40% model FLOPs utilisation
+    infer_eff=0.50,             # forward-only passes and prefill: larger kernels, no backward
+    decode_eff=0.40,            # decode steps when compute-bound (large batches)
+    memory_bandwidth=2.7e12,    # HBM3 3.35 TB/s at about 80%: the bound of small decode batches
+    call_s=0.05,                # a worker-group call with its batch (Ray, serialisation)
+    micro_s=0.005,              # per micro-batch per rank (launches, python)
+    decode_s=0.004,             # vLLM's scheduling and sampling per decode step (with CUDA graphs)
+    latency_s=1e-5, bandwidth=360e9,       # NVLink 4: 450 GB/s per direction at 80%, within a node
+    net_latency_s=2e-5, net_bandwidth=40e9,  # 400 Gb/s InfiniBand NDR per GPU at 80%, between nodes
+    response_fill=1.0,          # every response as long as data.response_length (the worst case)
+    source="assumed H100 SXM figures, not measured (rlframe/plan/cost.py H100_ASSUMED)")
+PRESETS = {"h100-assumed": H100_ASSUMED}
 
 
 def estimate(cfg: RunConfig, dims: ModelDims, c: Constants) -> StepCost:

@@ -39,8 +39,17 @@ class Plan:
     def values(self) -> dict[str, Any]:
         return dict(self.settings)
 
-    def overrides(self) -> list[str]:
-        return [f"{key}={_render(value)}" for key, value in self.settings]
+    def overrides(self, base: RunConfig) -> list[str]:
+        """The settings as command-line overrides on `base`. Hydra merges `key={...}` into a mapping
+        the config already sets, so a mapping `base` sets is deleted first and then added."""
+        raw, out = to_dict(base), []
+        for key, value in self.settings:
+            now = raw
+            for part in key.split("."):
+                now = now[part]
+            replace = isinstance(value, dict) and now
+            out += [f"~{key}", f"+{key}={_render(value)}"] if replace else [f"{key}={_render(value)}"]
+        return out
 
     def apply(self, base: RunConfig) -> RunConfig:
         """`base` with this plan's settings (what the overrides give on the command line)."""
@@ -71,6 +80,8 @@ class Plan:
 
 
 def _render(value: Any) -> str:
+    if value is None:
+        return "null"
     if isinstance(value, dict):
         return "{" + ", ".join(f"{k}: {v}" for k, v in value.items()) + "}"
     if isinstance(value, bool):
@@ -89,18 +100,36 @@ class Space:
     too_big: list[tuple[Plan, float]] = field(default_factory=list)
 
 
-def layouts(n: int, dims: ModelDims, *, strategies=STRATEGIES, lora: bool = False) -> list[tuple[str, int, int, int]]:
-    """(strategy, dp, tp, pp) with dp * tp * pp = n: tp divides the kv heads (whole heads per rank),
-    pp divides the layers (equal stages), fsdp without pp, LoRA on fsdp only."""
+MEGATRON_MODEL_TYPES = ("llama", "qwen2")  # engines/megatron/model.py SUPPORTED_MODEL_TYPES
+
+
+def engine_accepts(strategy: str, tp: int, pp: int, dims: ModelDims, model_type: str) -> bool:
+    """What the engines check when they build the model (megatron/model.check_hf_config,
+    fsdp/parallelize.check_model_fits; tests/plan compares the two): tp splits the heads, kv
+    heads, MLP and vocabulary evenly, pp the layers; megatron builds untied llama / qwen2 models;
+    tensor parallelism cannot split a tied embedding; fsdp has no pipeline."""
+    if strategy == "fsdp" and pp > 1:
+        return False
+    if strategy == "megatron" and (model_type not in MEGATRON_MODEL_TYPES or dims.tied_embeddings):
+        return False
+    if tp > 1 and dims.tied_embeddings:
+        return False
+    split = (dims.num_heads, dims.num_kv_heads, dims.intermediate_size, dims.vocab_size)
+    return not any(n % tp for n in split) and not dims.num_layers % pp
+
+
+def layouts(n: int, dims: ModelDims, *, strategies=STRATEGIES, lora: bool = False,
+            model_type: str = "qwen2") -> list[tuple[str, int, int, int]]:
+    """(strategy, dp, tp, pp) with dp * tp * pp = n that the engines build (`engine_accepts`);
+    LoRA on fsdp only."""
     out = []
     for strategy in strategies:
         if lora and strategy != "fsdp":
             continue
         for tp in _divisors(n):
             for pp in _divisors(n // tp):
-                if dims.num_kv_heads % tp or dims.num_layers % pp or (strategy == "fsdp" and pp > 1):
-                    continue
-                out.append((strategy, n // (tp * pp), tp, pp))
+                if engine_accepts(strategy, tp, pp, dims, model_type):
+                    out.append((strategy, n // (tp * pp), tp, pp))
     return out
 
 
@@ -119,7 +148,7 @@ def _role_settings(name: str, layout: tuple[str, int, int, int], micro: int) -> 
     strategy, dp, tp, pp = layout  # megatron splits activations over tp (sequence parallelism) when it has tp
     return [(f"{name}.strategy", strategy), (f"{name}.dp", dp), (f"{name}.tp", tp), (f"{name}.pp", pp),
             (f"{name}.sp", 1), (f"{name}.sequence_parallel", strategy == "megatron" and tp > 1),
-            (f"{name}.micro_batch_size", micro)]
+            (f"{name}.micro_batch_size", micro), (f"{name}.max_tokens_per_micro_batch", None)]
 
 
 def _role_choices(cfg: RunConfig, name: str, n: int, dims: ModelDims, strategies,
@@ -129,7 +158,10 @@ def _role_choices(cfg: RunConfig, name: str, n: int, dims: ModelDims, strategies
     samples = cfg.data.train_batch_size * cfg.algorithm.n_samples
     choices = None if cfg.resources.use_gpu else MICRO_CHOICES
     out = []
-    for lay in [layout] if layout else layouts(n, dims, strategies=strategies, lora=role.lora_rank > 0):
+    if layout and role.lora_rank > 0 and layout[0] != "fsdp":
+        return []
+    for lay in [layout] if layout else layouts(n, dims, strategies=strategies, lora=role.lora_rank > 0,
+                                               model_type=_model_type(cfg)):
         dp = lay[1]
         if samples % dp or role.mini_batch_size % dp:
             continue
@@ -142,7 +174,19 @@ def _layout_of(settings: list[tuple[str, Any]]) -> tuple[str, int, int, int]:
     return v["strategy"], v["dp"], v["tp"], v["pp"]
 
 
-def _rollout_tps(n: int, dims: ModelDims) -> list[int]:
+def _model_type(cfg: RunConfig) -> str:
+    from rlframe.controller.dry_run import model_config
+
+    return str(model_config(cfg).get("model_type", ""))
+
+
+def _rollout_tps(cfg: RunConfig, n: int, dims: ModelDims) -> list[int]:
+    """vLLM's tensor parallelism: whole kv heads per rank; transformers generate (rollout.backend=hf,
+    or auto without vLLM) runs a whole model per process."""
+    from rlframe.workers.rollout import vllm_available
+
+    if cfg.rollout.backend == "hf" or (cfg.rollout.backend == "auto" and not vllm_available()):
+        return [1]
     return [tp for tp in _divisors(n) if dims.num_kv_heads % tp == 0]
 
 
@@ -166,14 +210,14 @@ def candidates(cfg: RunConfig, dims: ModelDims, *, strategies=STRATEGIES, max_st
         # the critic in the actor's layout (colocated megatron roles must share tp and pp), its own micro-batch
         critics = _role_choices(cfg, "critic", world, dims, strategies, _layout_of(actor)) if critic else [[]]
         for crit in critics:
-            for tp in _rollout_tps(world, dims):
+            for tp in _rollout_tps(cfg, world, dims):
                 plans.append(Plan((("resources.placement", "colocated"), ("resources.split_procs", {}),
                                    *actor, *crit, ("rollout.tp", tp), ("trainer.max_staleness", 0))))
     if res.use_gpu:  # split placement is CPU-only today (the validator refuses it on GPUs)
         return plans
     ref = has_reference_group(cfg)
     bound = cfg.trainer.max_staleness if max_staleness is None else max_staleness
-    ks = [k for k in range(bound + 1) if k == 0 or async_allowed(cfg)]
+    ks = sorted({0, bound} if async_allowed(cfg) else {0})  # 1 <= k < bound overlap no more than k = bound
     for a, c, g in itertools.product(range(1, world + 1), repeat=3):
         if not critic and c > 1:
             continue
@@ -183,21 +227,35 @@ def candidates(cfg: RunConfig, dims: ModelDims, *, strategies=STRATEGIES, max_st
         for actor, crit, tp, k in itertools.product(
                 _role_choices(cfg, "actor", a, dims, strategies),
                 _role_choices(cfg, "critic", c, dims, strategies) if critic else [[]],
-                _rollout_tps(g, dims), ks):
+                _rollout_tps(cfg, g, dims), ks):
             plans.append(Plan((("resources.placement", "split"), ("resources.split_procs", procs),
                                *actor, *crit, ("rollout.tp", tp), ("trainer.max_staleness", k))))
     return plans
 
 
-def enumerate_plans(base: RunConfig, dims: ModelDims, **kw) -> Space:
-    """The plans for `base` (the user's config, trainer.dry_run=true so that only the config is
-    checked), each applied and validated; on GPUs, kept when the dry run's peak fits the device."""
+def peak_gib(cfg: RunConfig, dims: ModelDims) -> float:
+    """The dry run's estimate of the fullest device, GiB."""
+    return fits(cfg, dims)[1]
+
+
+def fits(cfg: RunConfig, dims: ModelDims) -> tuple[bool, float]:
+    """(whether the fullest device holds the plan, its GiB) by the dry run's estimate, as its
+    verdict says: the peak within the device and vLLM left a KV cache."""
     from rlframe.controller.dry_run import runtime_dtype
     from rlframe.controller.memory_estimate import Estimate
     from rlframe.resharding.formats import hf_param_shapes
 
+    est = Estimate(cfg, dims, hf_param_shapes(dims), runtime_dtype(cfg).itemsize)
+    devices = est.devices()
+    peak = max(d.peak_gib for d in devices)
+    kv = [g for d in devices for name, g in d.generation if name.startswith("vLLM KV cache")]
+    return peak <= est.device_gib and not (kv and min(kv) <= 0), peak
+
+
+def enumerate_plans(base: RunConfig, dims: ModelDims, **kw) -> Space:
+    """The plans for `base` (the user's config, trainer.dry_run=true so that only the config is
+    checked), each applied and validated; on GPUs, kept when the dry run's peak fits the device."""
     space = Space()
-    shapes = hf_param_shapes(dims)
     for plan in candidates(base, dims, **kw):
         try:
             cfg = validate(plan.apply(base))
@@ -205,9 +263,8 @@ def enumerate_plans(base: RunConfig, dims: ModelDims, **kw) -> Space:
             space.refused.append((plan, err.problems))
             continue
         if cfg.resources.use_gpu:
-            est = Estimate(cfg, dims, shapes, runtime_dtype(cfg).itemsize)
-            peak = max(d.peak_gib for d in est.devices())
-            if peak > est.device_gib:
+            ok, peak = fits(cfg, dims)
+            if not ok:
                 space.too_big.append((plan, peak))
                 continue
         space.plans.append((plan, cfg))

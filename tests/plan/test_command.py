@@ -34,3 +34,11 @@ def test_plan_without_constants_says_so(tmp_path, capsys):
 def test_plan_config_error_exits_2(capsys):
     assert main(["plan", "actor.no_such_key=1"]) == 2
     assert "no_such_key" in capsys.readouterr().err
+
+
+def test_plan_refuses_what_it_does_not_model(capsys):
+    assert main(["plan", "-cn", "sft_tiny"]) == 2
+    assert "models the PPO-family step" in capsys.readouterr().err
+    assert main(["plan", "--calibrate", "resources.placement=split", "actor.dp=1", "critic.dp=1",
+                 "+resources.split_procs={actor: 1, critic: 1, ref: 1, rollout: 1}"]) == 2
+    assert "calibrate on a colocated synchronous config" in capsys.readouterr().err

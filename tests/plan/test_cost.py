@@ -96,3 +96,41 @@ def test_the_fit_recovers_the_constants():
     assert err < 1e-6
     for k in FITTED:
         assert getattr(fitted, k) == pytest.approx(getattr(truth, k), rel=1e-6), k
+
+
+def test_nnls_against_brute_force():
+    """Lawson-Hanson equals the best of every sign pattern's unconstrained solution."""
+    import itertools
+
+    import numpy as np
+
+    from rlframe.plan.calibrate import nnls
+
+    rng = np.random.default_rng(0)
+    for _ in range(20):
+        a, y = rng.normal(size=(12, 5)), rng.normal(size=12)
+        best = np.inf
+        for keep in itertools.product([0, 1], repeat=5):
+            cols = [i for i in range(5) if keep[i]]
+            x = np.zeros(5)
+            if cols:
+                x[cols] = np.linalg.lstsq(a[:, cols], y, rcond=None)[0]
+            if (x >= 0).all():
+                best = min(best, np.linalg.norm(a @ x - y))
+        x = nnls(a, y)
+        assert (x >= 0).all()
+        assert np.linalg.norm(a @ x - y) == pytest.approx(best, rel=1e-9, abs=1e-12)
+
+
+def test_lora_with_kl_runs_its_reference_pass_on_the_actor():
+    cfg = cfg_of("grpo_tiny", "actor.lora_rank=4", "resources.procs_per_node=2")
+    assert cfg.uses_ref
+    assert "ref" in estimate(cfg, model_dims(cfg), PURE).phases
+
+
+def test_remax_generates_twice():
+    plain, remax = cfg_of("ppo_tiny"), cfg_of("ppo_tiny", "algorithm=remax")
+    dims = model_dims(plain)
+    model = CostModel(plain, dims, PURE)
+    assert estimate(remax, dims, PURE).phases["gen"] == pytest.approx(
+        model.generate() + model.generate(plain.data.train_batch_size))

@@ -33,7 +33,7 @@ def test_every_plan_passes_the_config_rules(name, overrides):
         assert all(c.actor.strategy == "fsdp" for _, c in space.plans)  # LoRA runs on fsdp only
     if cfg.trainer.max_staleness:
         ks = {c.trainer.max_staleness for _, c in space.plans}
-        assert ks == {0, 1}
+        assert ks == {0, cfg.trainer.max_staleness}
         assert all(c.resources.placement == "split" for _, c in space.plans if c.trainer.max_staleness)
     else:
         assert {c.trainer.max_staleness for _, c in space.plans} == {0}
@@ -48,13 +48,56 @@ def test_dapo_never_runs_ahead():
     assert {p.values["trainer.max_staleness"] for p in candidates(cfg, model_dims(cfg), max_staleness=2)} == {0}
 
 
-def test_overrides_give_the_applied_config():
+@pytest.mark.parametrize("given", [
+    ["resources.procs_per_node=4"],
+    # a config that already splits (its mapping must be replaced, not merged into)
+    ["resources.procs_per_node=4", "resources.placement=split", "+resources.split_procs={actor: 2, ref: 2, rollout: 1}",
+     "actor.micro_batch_size=null", "actor.max_tokens_per_micro_batch=64"],
+])
+def test_overrides_give_the_applied_config(given):
     """A plan on the command line (its overrides) is the config the planner estimated."""
-    cfg = base("ppo_tiny", "resources.procs_per_node=4")
+    cfg = base("ppo_tiny", *given)
     plans = candidates(cfg, model_dims(cfg), max_staleness=1)
     for plan in plans[:: max(1, len(plans) // 12)]:
-        composed = load_config("ppo_tiny", ["resources.procs_per_node=4", "trainer.dry_run=true", *plan.overrides()])
+        composed = load_config("ppo_tiny", [*given, "trainer.dry_run=true", *plan.overrides(cfg)])
         assert dataclasses.asdict(composed) == dataclasses.asdict(plan.apply(cfg)), plan.label()
+
+
+@pytest.mark.parametrize("raw", [
+    {"model_type": "qwen2", "tie_word_embeddings": False},
+    {"model_type": "qwen2", "tie_word_embeddings": True},
+    {"model_type": "mistral", "tie_word_embeddings": False, "intermediate_size": 96},
+])
+def test_engine_rules_agree_with_the_engines(raw):
+    """space.engine_accepts says yes exactly when the engines' own checks pass."""
+    from types import SimpleNamespace
+
+    from rlframe.plan.space import engine_accepts
+    from rlframe.resharding.formats import ModelDims
+    from rlframe.workers.engines.fsdp.parallelize import check_model_fits
+    from rlframe.workers.engines.megatron.model import check_hf_config
+
+    hf = SimpleNamespace(**{"num_hidden_layers": 4, "hidden_size": 64, "num_attention_heads": 4,
+                            "num_key_value_heads": 2, "intermediate_size": 128, "vocab_size": 102, **raw})
+    dims = ModelDims.from_hf_config(hf)
+    for tp in (1, 2, 4):
+        for pp in (1, 2, 3, 4):
+            def engine_ok(check) -> bool:
+                try:
+                    check()
+                    return True
+                except ValueError:
+                    return False
+
+            megatron = engine_ok(lambda: check_hf_config(hf, tp=tp, pp=pp, where="actor"))
+            fsdp = pp == 1 and engine_ok(lambda: check_model_fits(hf, tp=tp, model_type_path="actor"))
+            assert engine_accepts("megatron", tp, pp, dims, hf.model_type) == megatron, (raw, tp, pp)
+            assert engine_accepts("fsdp", tp, pp, dims, hf.model_type) == fsdp, (raw, tp, pp)
+
+
+def test_transformers_generate_has_no_tensor_parallelism():
+    cfg = base("grpo_tiny", "resources.procs_per_node=4", "rollout.backend=hf")
+    assert {p.values["rollout.tp"] for p in candidates(cfg, model_dims(cfg))} == {1}
 
 
 def test_the_hand_written_7b_layout_is_among_the_plans():
