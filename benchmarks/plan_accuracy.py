@@ -15,7 +15,10 @@ to docs/img/plan_accuracy.png. The load average and the fp32 matmul rate are pri
 from __future__ import annotations
 
 import argparse
+import hashlib
+import json
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -53,6 +56,39 @@ PLANS = [
     ("grpo 12m split 4: rollout on 2", "grpo_tiny", [*TWELVE, *SPLIT_GRPO]),
 ]
 CALIBRATION = ("ppo_tiny", [])
+# Measured runs, by what determines them (the committed code the runs execute, rlframe/plan/ left out
+# since runs never import it, the interpreter, the CPU, the command): a change to the cost model
+# re-estimates without re-measuring. Ignored by git; a fresh clone measures everything.
+RUNS = ROOT / "benchmarks" / ".plan_runs"
+
+
+def runtime_version() -> str | None:
+    """The committed files the runs execute (not rlframe/plan/), or None when they have changes."""
+    git = ["git", "-C", str(ROOT)]
+    paths = ["rlframe", "configs", "setup.py"]
+    dirty = subprocess.run([*git, "status", "--porcelain", "--", *paths], capture_output=True, text=True).stdout
+    if any(not line[3:].startswith("rlframe/plan/") for line in dirty.splitlines()):
+        return None
+    tree = subprocess.run([*git, "ls-tree", "-r", "HEAD", "--", *paths], capture_output=True, text=True).stdout
+    from rlframe.utils.machine import cpu_model
+
+    kept = "\n".join(line for line in tree.splitlines() if "\trlframe/plan/" not in line)
+    return hashlib.sha256(f"{kept}|{sys.executable}|{cpu_model()}".encode()).hexdigest()[:20]
+
+
+def measured_rows(name: str, overrides: list[str], *, steps: int) -> list[dict]:
+    """The run's metrics rows after its first step (from RUNS when this code already ran it here)."""
+    from rlframe.plan.calibrate import profile
+
+    version = runtime_version()
+    path = RUNS / (hashlib.sha256(json.dumps([version, name, overrides, steps]).encode()).hexdigest()[:20] + ".json")
+    if version is not None and path.is_file():
+        return json.loads(path.read_text())
+    rows = profile(name, overrides, steps=steps)
+    if version is not None:
+        RUNS.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(rows))
+    return rows
 
 
 def spearman(x: list[float], y: list[float]) -> float:
@@ -105,19 +141,20 @@ def main() -> None:
     sys.path.insert(0, str(ROOT))
     from rlframe.config import load_config, validate
     from rlframe.controller.dry_run import model_dims
-    from rlframe.plan.calibrate import calibrate, observed, profile
+    from rlframe.plan.calibrate import calibrate, observed
     from rlframe.plan.cost import estimate
 
     before = machine_state()
     print(f"load {before['load1']:.1f}, fp32 matmul {before['gflops']:.0f} GFLOP/s", flush=True)
     t0 = time.perf_counter()
-    constants = calibrate(*CALIBRATION, log=lambda line: print("  " + line, flush=True))
+    constants = calibrate(*CALIBRATION, log=lambda line: print("  " + line, flush=True),
+                          run=lambda name, overrides: measured_rows(name, overrides, steps=4))
     print(f"calibrated in {time.perf_counter() - t0:.0f} s: {constants}", flush=True)
     rows = []
     for label, name, overrides in PLANS:
         cfg = validate(load_config(name, overrides))
         predicted = estimate(cfg, model_dims(cfg), constants).total
-        measured = observed(profile(name, overrides, steps=args.steps))["step"]
+        measured = observed(measured_rows(name, overrides, steps=args.steps))["step"]
         rows.append({"label": label, "predicted": predicted, "measured": measured})
         print(f"  {label}: estimated {predicted:.3f} s, measured {measured:.3f} s", flush=True)
     after = machine_state()

@@ -204,8 +204,9 @@ def fit(samples: list[tuple[object, dict[str, float]]], dims, base: Constants) -
     return fitted, statistics.median(errors) if errors else float("nan")
 
 
-def calibrate(name: str, overrides: list[str], *, config_path: str | None = None, log=print) -> Constants:
-    """Measure and fit the constants for `name` with `overrides` on this machine."""
+def calibrate(name: str, overrides: list[str], *, config_path: str | None = None, log=print, run=None) -> Constants:
+    """Measure and fit the constants for `name` with `overrides` on this machine; `run(name,
+    overrides)` gives a profile's rows (default: `profile`, the main job run here)."""
     from rlframe.config import load_config, validate
     from rlframe.controller.dry_run import model_dims, runtime_dtype
     from rlframe.utils.machine import cpu_model
@@ -222,7 +223,7 @@ def calibrate(name: str, overrides: list[str], *, config_path: str | None = None
     samples, lengths = [], []
     for extra in variants(cfg):
         t0 = time.perf_counter()
-        rows = profile(name, [*overrides, *extra], config_path=config_path)
+        rows = (run or (lambda n, o: profile(n, o, config_path=config_path)))(name, [*overrides, *extra])
         run_cfg = validate(load_config(name, [*overrides, *extra], extra_dir=config_path))
         samples.append((run_cfg, observed(rows)))
         lengths += [r["response_length/mean"] / run_cfg.data.response_length for r in rows if "response_length/mean" in r]
