@@ -2,6 +2,7 @@
 
     rlframe run [-cn CONFIG] [key=value ...]           # the main job in this process (= python -m rlframe.main)
     rlframe preflight [-cn CONFIG] [key=value ...]     # run it 2 steps and check the RL invariants
+    rlframe plan [-cn CONFIG] [key=value ...] [--write FILE]  # rank its placements and layouts by step time
     rlframe submit CONFIG [key=value ...] [--follow]   # a Ray job; prints its id and run directory
     rlframe status JOB_ID                              # status, run directory, latest metrics
     rlframe logs JOB_ID [--follow] [--tail N]
@@ -36,6 +37,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("argv", nargs=argparse.REMAINDER, help="arguments of python -m rlframe.main")
     p = sub.add_parser("preflight", help="run a config for 2 steps and check the RL invariants", add_help=False)
     p.add_argument("argv", nargs=argparse.REMAINDER, help="--steps N, then arguments of python -m rlframe.main")
+    p = sub.add_parser("plan", help="rank the config's placements and layouts by estimated step time", add_help=False)
+    p.add_argument("argv", nargs=argparse.REMAINDER, help="--top N, --write FILE, --calibrate, then a config and overrides")
     p = sub.add_parser("submit", help="submit the main job to a Ray cluster")
     p.add_argument("config_name", help="a file of configs/ without .yaml, e.g. grpo_tiny")
     p.add_argument("overrides", nargs="*", help="Hydra overrides such as trainer.total_steps=2")
@@ -151,6 +154,10 @@ def main(argv: list[str] | None = None) -> int:
         from rlframe.main import main as run_main
 
         return run_main(argv[1:])
+    if argv[:1] == ["plan"]:
+        from rlframe.plan.command import main as plan_main
+
+        return plan_main(argv[1:])
     if argv[:1] == ["preflight"]:
         from rlframe.main import preflight_main
 

@@ -22,6 +22,12 @@ from rlframe.workers.weight_plan import split_generation_layout
 
 def model_dims(cfg: RunConfig) -> ModelDims:
     """Shapes of the actor model without loading weights."""
+    return ModelDims.from_hf_config(ModelDims.config_namespace(model_config(cfg)))
+
+
+def model_config(cfg: RunConfig) -> dict:
+    """The actor model's HF config as a dict (model.hf_config, the checkpoint's config.json, or the
+    tiny preset's), without loading weights."""
     raw = cfg.model.hf_config
     if raw is None and cfg.model.path is not None:
         raw = json.loads((Path(cfg.model.path).expanduser() / "config.json").read_text())
@@ -33,7 +39,7 @@ def model_dims(cfg: RunConfig) -> ModelDims:
         raw = {"num_hidden_layers": s.num_layers, "hidden_size": s.hidden_size, "num_attention_heads": s.num_heads,
                "num_key_value_heads": s.num_kv_heads, "intermediate_size": s.intermediate_size,
                "vocab_size": len(build_char_tokenizer()), "model_type": "qwen2"}
-    return ModelDims.from_hf_config(ModelDims.config_namespace(raw))
+    return dict(raw)
 
 
 def layouts(cfg: RunConfig) -> tuple[Layout, Layout, str]:

@@ -1,0 +1,187 @@
+"""`rlframe plan`'s cost model against measured step times on this machine.
+
+    python benchmarks/plan_accuracy.py [--steps 6] [--no-write]
+
+Calibrates the constants once (`rlframe plan --calibrate` on configs/ppo_tiny.yaml as shipped:
+colocated, 2 processes, the demo model), then runs each plan below for --steps steps and compares
+its measured step time (median over the steps after the first) with the estimate: the tiny (demo)
+and 12m presets, PPO and GRPO, 2 and 4 processes, colocated and split placement, synchronous and
+asynchronous, fsdp and megatron-core, dp / tp / pp layouts and micro-batch sizes. Reported: each
+plan's prediction and measurement, the Spearman rank correlation, the median absolute error, and
+whether the plan predicted fastest measures within 10% of the fastest measured. A scatter plot goes
+to docs/img/plan_accuracy.png. The load average and the fp32 matmul rate are printed before and after.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from report import machine_line, machine_state, markdown_table, write_section  # noqa: E402
+
+SECTION = "## Execution plans: estimated vs measured step time"
+SPLIT_PPO = ["resources.placement=split", "+resources.split_procs={actor: 1, critic: 1, ref: 1, rollout: 1}",
+             "actor.dp=1", "critic.dp=1", "resources.procs_per_node=4"]
+SPLIT_GRPO = ["resources.placement=split", "+resources.split_procs={actor: 1, ref: 1, rollout: 2}", "actor.dp=1",
+              "resources.procs_per_node=4"]
+MEGATRON = ["actor.strategy=megatron", "critic.strategy=megatron"]
+TWELVE = ["model.tiny_preset=12m", "data.train_batch_size=32", "actor.mini_batch_size=128"]
+# (label, config, overrides): every one a valid plan of its config (the enumeration builds each)
+PLANS = [
+    ("ppo colocated 2: fsdp dp2, mb32", "ppo_tiny", []),
+    ("ppo colocated 2: fsdp dp2, mb8", "ppo_tiny", ["actor.micro_batch_size=8", "critic.micro_batch_size=8"]),
+    ("ppo colocated 2: fsdp tp2", "ppo_tiny", ["actor.dp=1", "actor.tp=2", "critic.dp=1", "critic.tp=2",
+                                               "actor.micro_batch_size=64", "critic.micro_batch_size=64"]),
+    ("ppo colocated 2: megatron dp2", "ppo_tiny", MEGATRON),
+    ("ppo colocated 2: megatron tp2", "ppo_tiny", [*MEGATRON, "actor.dp=1", "actor.tp=2", "critic.dp=1", "critic.tp=2",
+                                                   "actor.sequence_parallel=true", "critic.sequence_parallel=true",
+                                                   "actor.micro_batch_size=64", "critic.micro_batch_size=64"]),
+    ("ppo colocated 2: megatron pp2", "ppo_tiny", [*MEGATRON, "actor.dp=1", "actor.pp=2", "critic.dp=1", "critic.pp=2",
+                                                   "actor.micro_batch_size=32", "critic.micro_batch_size=32"]),
+    ("ppo colocated 4: fsdp dp4", "ppo_tiny", ["resources.procs_per_node=4", "actor.dp=4", "critic.dp=4"]),
+    ("ppo split 4: one process a role", "ppo_tiny", SPLIT_PPO),
+    ("ppo split 4, async k=1", "ppo_tiny", [*SPLIT_PPO, "trainer.max_staleness=1", "algorithm.off_policy_correction=tis"]),
+    ("grpo 12m colocated 2: fsdp dp2", "grpo_tiny", TWELVE),
+    ("grpo 12m colocated 2: megatron tp2", "grpo_tiny", [*TWELVE, "actor.strategy=megatron", "actor.dp=1", "actor.tp=2",
+                                                         "actor.sequence_parallel=true"]),
+    ("grpo 12m split 4: rollout on 2", "grpo_tiny", [*TWELVE, *SPLIT_GRPO]),
+]
+CALIBRATION = ("ppo_tiny", [])
+# Measured runs, by what determines them (the committed code the runs execute, rlframe/plan/ left out
+# since runs never import it, the interpreter, the CPU, the command): a change to the cost model
+# re-estimates without re-measuring. Ignored by git; a fresh clone measures everything.
+RUNS = ROOT / "benchmarks" / ".plan_runs"
+
+
+def runtime_version() -> str | None:
+    """The committed files the runs execute (not rlframe/plan/), or None when they have changes."""
+    git = ["git", "-C", str(ROOT)]
+    paths = ["rlframe", "configs", "setup.py"]
+    dirty = subprocess.run([*git, "status", "--porcelain", "--", *paths], capture_output=True, text=True).stdout
+    if any(not line[3:].startswith("rlframe/plan/") for line in dirty.splitlines()):
+        return None
+    tree = subprocess.run([*git, "ls-tree", "-r", "HEAD", "--", *paths], capture_output=True, text=True).stdout
+    from rlframe.utils.machine import cpu_model
+
+    kept = "\n".join(line for line in tree.splitlines() if "\trlframe/plan/" not in line)
+    return hashlib.sha256(f"{kept}|{sys.executable}|{cpu_model()}".encode()).hexdigest()[:20]
+
+
+def measured_rows(name: str, overrides: list[str], *, steps: int) -> list[dict]:
+    """The run's metrics rows after its first step (from RUNS when this code already ran it here)."""
+    from rlframe.plan.calibrate import profile
+
+    version = runtime_version()
+    path = RUNS / (hashlib.sha256(json.dumps([version, name, overrides, steps]).encode()).hexdigest()[:20] + ".json")
+    if version is not None and path.is_file():
+        return json.loads(path.read_text())
+    rows = profile(name, overrides, steps=steps)
+    if version is not None:
+        RUNS.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(rows))
+    return rows
+
+
+def spearman(x: list[float], y: list[float]) -> float:
+    def ranks(v: list[float]) -> list[float]:
+        order = sorted(range(len(v)), key=v.__getitem__)
+        out = [0.0] * len(v)
+        i = 0
+        while i < len(order):
+            j = i
+            while j + 1 < len(order) and v[order[j + 1]] == v[order[i]]:
+                j += 1
+            for k in range(i, j + 1):
+                out[order[k]] = (i + j) / 2
+            i = j + 1
+        return out
+
+    rx, ry = ranks(x), ranks(y)
+    mx, my = statistics.fmean(rx), statistics.fmean(ry)
+    cov = sum((a - mx) * (b - my) for a, b in zip(rx, ry))
+    return cov / (sum((a - mx) ** 2 for a in rx) * sum((b - my) ** 2 for b in ry)) ** 0.5
+
+
+def plot(rows: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(5.5, 5))
+    xs, ys = [r["predicted"] for r in rows], [r["measured"] for r in rows]
+    ax.scatter(xs, ys)
+    for i, r in enumerate(rows, 1):
+        ax.annotate(str(i), (r["predicted"], r["measured"]), textcoords="offset points", xytext=(4, 4), fontsize=8)
+    top = max(xs + ys) * 1.1
+    ax.plot([0, top], [0, top], color="gray", lw=0.8, ls="--", label="measured = estimated")
+    ax.set(xlim=(0, top), ylim=(0, top), xlabel="estimated s per step", ylabel="measured s per step (median)",
+           title="rlframe plan: estimate vs measurement")
+    ax.legend(loc="upper left")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--steps", type=int, default=6)
+    ap.add_argument("--no-write", action="store_true")
+    args = ap.parse_args()
+    sys.path.insert(0, str(ROOT))
+    from rlframe.config import load_config, validate
+    from rlframe.controller.dry_run import model_dims
+    from rlframe.plan.calibrate import calibrate, observed
+    from rlframe.plan.cost import estimate
+
+    before = machine_state()
+    print(f"load {before['load1']:.1f}, fp32 matmul {before['gflops']:.0f} GFLOP/s", flush=True)
+    t0 = time.perf_counter()
+    constants = calibrate(*CALIBRATION, log=lambda line: print("  " + line, flush=True),
+                          run=lambda name, overrides: measured_rows(name, overrides, steps=4))
+    print(f"calibrated in {time.perf_counter() - t0:.0f} s: {constants}", flush=True)
+    rows = []
+    for label, name, overrides in PLANS:
+        cfg = validate(load_config(name, overrides))
+        predicted = estimate(cfg, model_dims(cfg), constants).total
+        measured = observed(measured_rows(name, overrides, steps=args.steps))["step"]
+        rows.append({"label": label, "predicted": predicted, "measured": measured})
+        print(f"  {label}: estimated {predicted:.3f} s, measured {measured:.3f} s", flush=True)
+    after = machine_state()
+    errors = [abs(r["predicted"] - r["measured"]) / r["measured"] for r in rows]
+    rho = spearman([r["predicted"] for r in rows], [r["measured"] for r in rows])
+    chosen = min(rows, key=lambda r: r["predicted"])
+    best = min(rows, key=lambda r: r["measured"])
+    gap = chosen["measured"] / best["measured"] - 1
+    table = markdown_table(["#", "plan", "estimated s per step", "measured s per step", "error"],
+                           [[i, r["label"], f"{r['predicted']:.3f}", f"{r['measured']:.3f}",
+                             f"{(r['predicted'] - r['measured']) / r['measured']:+.0%}"] for i, r in enumerate(rows, 1)])
+    summary = (f"Spearman rank correlation {rho:.2f} (goal at least 0.8); median absolute error {statistics.median(errors):.0%} "
+               f"(goal at most 25%); the plan estimated fastest ({chosen['label']}) measures {gap:+.0%} against the "
+               f"fastest measured ({best['label']}) (goal within 10%).")
+    print(table + "\n" + summary)
+    figure = ROOT / "docs" / "img" / "plan_accuracy.png"
+    plot(rows, figure)
+    body = "\n".join([
+        f"Reproduce: `python benchmarks/plan_accuracy.py --steps {args.steps}`. {machine_line()} Load average "
+        f"{before['load1']:.1f} before, {after['load1']:.1f} after; fp32 matmul {before['gflops']:.0f} / "
+        f"{after['gflops']:.0f} GFLOP/s.", "",
+        f"Constants: `rlframe plan --calibrate` on {CALIBRATION[0]} as shipped ({constants.source}). Each plan ran "
+        f"{args.steps} steps once; measured = the median step time after the first step.", "",
+        table, "", summary, "", "![estimated vs measured step time](img/plan_accuracy.png)"])
+    if not args.no_write:
+        write_section(SECTION, body)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,125 @@
+"""`rlframe plan`: the plans a run could use on its cluster, ranked by their estimated step time.
+
+    rlframe plan [-cn CONFIG] [key=value ...] [--top N] [--write FILE] [--max-staleness K] [--constants FILE]
+    rlframe plan --calibrate [-cn CONFIG] [key=value ...] [--constants FILE]
+
+Enumerates (plan/space.py) every placement and layout of CONFIG's roles on its cluster
+(resources.nodes x procs_per_node processes) that the config rules accept and, on GPUs, whose
+devices hold them (the dry run's memory estimate); estimates each one's step (plan/cost.py) with the
+machine's constants (`--calibrate` measures them here and stores them, default
+~/.cache/rlframe/plan_constants.json); prints the best N with their phases; `--write` stores the best
+as a complete config that runs as is (`python -m rlframe.main --config-path DIR --config-name NAME`).
+Exit 0, or 2 for a config error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+DEFAULT_CONSTANTS = Path("~/.cache/rlframe/plan_constants.json").expanduser()
+SHOWN_PHASES = ("gen", "ref", "old_log_prob", "values", "update_critic", "update_actor", "update_weights")
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="rlframe plan", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--config-name", "-cn", default="ppo_tiny")
+    p.add_argument("--config-path", "-cp", default=None)
+    p.add_argument("--top", type=int, default=10, help="plans to print (default 10)")
+    p.add_argument("--write", type=Path, default=None, help="store the best plan as this YAML config")
+    p.add_argument("--constants", default=str(DEFAULT_CONSTANTS),
+                   help="the machine's fitted constants (a file), or h100-assumed (datasheet figures: docs/plan.md)")
+    p.add_argument("--max-staleness", type=int, default=None,
+                   help="plans may generate up to K steps ahead of training (default: the config's trainer.max_staleness)")
+    p.add_argument("--calibrate", action="store_true", help="measure the constants on this machine first")
+    p.add_argument("overrides", nargs="*")
+    return p.parse_intermixed_args(argv)
+
+
+def ranked(base, dims, constants, **kw):
+    """(estimate, plan, config) for every plan of `base`, fastest first; and the enumeration."""
+    from rlframe.plan.cost import estimate
+    from rlframe.plan.space import enumerate_plans
+
+    space = enumerate_plans(base, dims, **kw)
+    rows = sorted(((estimate(cfg, dims, constants), plan, cfg) for plan, cfg in space.plans),
+                  key=lambda r: r[0].total)
+    return rows, space
+
+
+def table(rows, top: int) -> str:
+    lines = [f"{'#':>3} {'step s':>8}  " + " ".join(f"{p:>14}" for p in SHOWN_PHASES) + "  plan"]
+    for i, (est, plan, _) in enumerate(rows[:top], 1):
+        cells = " ".join(f"{est.phases[p]:14.3f}" if p in est.phases else f"{'-':>14}" for p in SHOWN_PHASES)
+        lines.append(f"{i:>3} {est.total:8.3f}  {cells}  {plan.label()}")
+    return "\n".join(lines)
+
+
+def write_config(path: Path, cfg, *, header: str) -> None:
+    """The whole config (no defaults list), so it runs as is wherever rlframe is installed."""
+    import dataclasses
+
+    import yaml
+
+    raw = dataclasses.asdict(dataclasses.replace(cfg, trainer=dataclasses.replace(cfg.trainer, dry_run=False)))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(f"# {line}\n" for line in header.splitlines()) + yaml.safe_dump(raw, sort_keys=False))
+
+
+def main(argv: list[str]) -> int:
+    from rlframe.config import ConfigError, load_config
+    from rlframe.controller.dry_run import model_dims
+    from rlframe.plan.cost import PRESETS, Constants
+
+    args = parse(argv)
+    try:  # not validated as it is: its layout may not fit the resources yet, which is what the plans choose
+        base = load_config(args.config_name, [*args.overrides, "trainer.dry_run=true"], extra_dir=args.config_path)
+    except (ConfigError, ValueError) as err:
+        print(f"rlframe: {err}", file=sys.stderr)
+        return 2
+    if args.calibrate:
+        from rlframe.plan.calibrate import calibrate
+
+        try:
+            constants = calibrate(args.config_name, args.overrides, config_path=args.config_path)
+        except (ConfigError, ValueError) as err:
+            print(f"rlframe: {err}", file=sys.stderr)
+            return 2
+        constants.save(Path(args.constants))
+        print(f"constants ({constants.source}) written to {args.constants}")
+    elif args.constants in PRESETS:
+        constants = PRESETS[args.constants]
+    elif Path(args.constants).is_file():
+        constants = Constants.load(Path(args.constants))
+    else:
+        constants = Constants()
+        print(f"rlframe plan: no constants at {args.constants}: using defaults (run `rlframe plan --calibrate`)")
+    dims = model_dims(base)
+    try:
+        rows, space = ranked(base, dims, constants, max_staleness=args.max_staleness)
+    except ValueError as err:  # a trainer the cost model does not describe
+        print(f"rlframe plan: {err}", file=sys.stderr)
+        return 2
+    res = base.resources
+    print(f"{len(rows)} plans for {args.config_name} on {res.nodes} x {res.procs_per_node} "
+          f"{'GPU' if res.use_gpu else 'CPU'} processes; constants: {constants.source}")
+    if space.too_big:
+        print(f"  {len(space.too_big)} more do not fit the devices (the dry run's memory estimate)")
+    if space.refused:  # the enumeration's rules and the validator disagree: say so, it is a bug here
+        print(f"  {len(space.refused)} plans the config rules refused, e.g. {space.refused[0][0].label()}: "
+              f"{space.refused[0][1][0]}")
+    if not rows:
+        print("rlframe plan: no plan fits; add processes or devices, or shrink the batch", file=sys.stderr)
+        return 2
+    print(table(rows, args.top))
+    if args.write:
+        est, plan, cfg = rows[0]
+        write_config(args.write, cfg, header=(
+            f"rlframe plan --config-name {args.config_name} {' '.join(args.overrides)}\n"
+            f"the fastest of {len(rows)} plans, estimated {est.total:.3f} s per step ({constants.source}):\n"
+            f"{plan.label()}\nrun: python -m rlframe.main --config-path {args.write.parent} "
+            f"--config-name {args.write.stem}"))
+        print(f"best plan written to {args.write}")
+    return 0

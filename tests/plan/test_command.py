@@ -1,0 +1,44 @@
+"""`rlframe plan`: ranks the plans, and the config it writes runs as is (loads, validates, and is
+the plan it printed first)."""
+
+import dataclasses
+
+from rlframe.cli import main
+from rlframe.config import load_config, validate
+from rlframe.plan.cost import Constants
+
+
+def test_plan_writes_the_best_as_a_config(tmp_path, capsys):
+    constants = tmp_path / "constants.json"
+    Constants(source="test constants").save(constants)
+    out = tmp_path / "cfgs" / "best.yaml"
+    assert main(["plan", "--top", "3", "--constants", str(constants), "--write", str(out),
+                 "resources.procs_per_node=4", "--max-staleness", "1", "algorithm.off_policy_correction=tis"]) == 0
+    printed = capsys.readouterr().out
+    assert "plans for ppo_tiny on 1 x 4 CPU processes; constants: test constants" in printed
+    first = printed.splitlines()[printed.splitlines().index(next(l for l in printed.splitlines() if l.strip().startswith("#"))) + 1]
+    cfg = validate(load_config("best", [], extra_dir=out.parent))  # runs as is: a whole config, no defaults
+    assert not cfg.trainer.dry_run
+    shown = first.split("  ")[-1].strip()  # the plan's label, as printed
+    assert f"rollout tp{cfg.rollout.tp}" in shown and f"actor {cfg.actor.strategy} dp{cfg.actor.dp}" in shown
+    base = load_config("ppo_tiny", ["resources.procs_per_node=4", "algorithm.off_policy_correction=tis"])
+    same = {f.name for f in dataclasses.fields(cfg)} - {"resources", "actor", "critic", "rollout", "trainer"}
+    assert all(getattr(cfg, f) == getattr(base, f) for f in same)  # only the plan's sections differ
+
+
+def test_plan_without_constants_says_so(tmp_path, capsys):
+    assert main(["plan", "--top", "1", "--constants", str(tmp_path / "none.json"), "-cn", "grpo_tiny"]) == 0
+    assert "using defaults (run `rlframe plan --calibrate`)" in capsys.readouterr().out
+
+
+def test_plan_config_error_exits_2(capsys):
+    assert main(["plan", "actor.no_such_key=1"]) == 2
+    assert "no_such_key" in capsys.readouterr().err
+
+
+def test_plan_refuses_what_it_does_not_model(capsys):
+    assert main(["plan", "-cn", "sft_tiny"]) == 2
+    assert "models the PPO-family step" in capsys.readouterr().err
+    assert main(["plan", "--calibrate", "resources.placement=split", "actor.dp=1", "critic.dp=1",
+                 "+resources.split_procs={actor: 1, critic: 1, ref: 1, rollout: 1}"]) == 2
+    assert "calibrate on a colocated synchronous config" in capsys.readouterr().err
