@@ -33,24 +33,19 @@ QUIET = ["trainer.save_every=0", "trainer.export_hf=false", "trainer.plot=false"
          "trainer.progress_bar=false", "trainer.loggers=[jsonl]", "trainer.val_every=0"]
 
 
-def compute_rate(dtype: str = "float32", n: int = 512, repeats: int = 10) -> float:
-    """FLOP/s of an n x n matmul on one thread (best of `repeats`)."""
+def compute_rate(dtype: str = "float32") -> float:
+    """FLOP/s of a matmul on one thread, as a worker computes (startup.matmul_rates: best of several)."""
     import torch
+
+    from rlframe.controller.startup import matmul_rates
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        a = torch.randn(n, n, dtype=getattr(torch, dtype))
-        b = torch.randn(n, n, dtype=getattr(torch, dtype))
-        a @ b
-        best = float("inf")
-        for _ in range(repeats):
-            t0 = time.perf_counter()
-            a @ b
-            best = min(best, time.perf_counter() - t0)
+        fp32, bf16 = matmul_rates(repeats=10)
     finally:
         torch.set_num_threads(threads)
-    return 2 * n**3 / max(best, 1e-9)
+    return (bf16 if dtype == "bfloat16" else fp32) * 1e9
 
 
 def _link_worker(rank: int, port: int, sizes: list[int], repeats: int, out: str) -> None:

@@ -205,7 +205,7 @@ class CostModel:
 
     def weight_sync(self) -> float:
         """The actor's weights into the generation layout: the planner's exact bytes, the most any
-        generating rank receives (the ranks receive at once)."""
+        generating rank receives (the ranks receive at once), in rollout.bucket_bytes buckets."""
         from rlframe.controller.dry_run import layouts
         from rlframe.resharding.planner import ParamMeta, cached_plan
 
@@ -222,7 +222,8 @@ class CostModel:
             most *= lora_fraction(hf_param_shapes(self.dims), self.cfg.actor)
         spans = self.cfg.resources.nodes > 1 and self.cfg.resources.placement == "split"  # colocated: rank to itself
         latency, bandwidth = (self.c.net_latency_s, self.c.net_bandwidth) if spans else (self.c.latency_s, self.c.bandwidth)
-        return self.c.call_s + latency * len(plan.transfers) / max(1, len(gen.ranks)) + most / bandwidth
+        buckets = max(1, math.ceil(most / self.cfg.rollout.bucket_bytes))  # transfers go in buckets, not one by one
+        return self.c.call_s + latency * buckets + most / bandwidth
 
     # ---- the dataflow --------------------------------------------------------------------------
     def step(self) -> StepCost:
