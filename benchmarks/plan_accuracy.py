@@ -170,8 +170,6 @@ def main() -> None:
                f"(goal at most 25%); the plan estimated fastest ({chosen['label']}) measures {gap:+.0%} against the "
                f"fastest measured ({best['label']}) (goal within 10%).")
     print(table + "\n" + summary)
-    figure = ROOT / "docs" / "img" / "plan_accuracy.png"
-    plot(rows, figure)
     body = "\n".join([
         f"Reproduce: `python benchmarks/plan_accuracy.py --steps {args.steps}`. {machine_line()} Load average "
         f"{before['load1']:.1f} before, {after['load1']:.1f} after; fp32 matmul {before['gflops']:.0f} / "
@@ -180,6 +178,7 @@ def main() -> None:
         f"{args.steps} steps once; measured = the median step time after the first step.", "",
         table, "", summary, "", "![estimated vs measured step time](img/plan_accuracy.png)"])
     if not args.no_write:
+        plot(rows, ROOT / "docs" / "img" / "plan_accuracy.png")
         write_section(SECTION, body)
 
 
