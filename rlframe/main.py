@@ -22,12 +22,28 @@ def parse_args(argv: list[str]) -> tuple[str, list[str], str | None]:
     return args.config_name, args.overrides, args.config_path
 
 
+def planned_config(name: str, overrides: list[str], config_path: str | None):
+    """The run's validated config; with trainer.auto_plan=true its placement and layouts are the
+    planner's choice first (rlframe/plan), so the layout written in the config need not fit."""
+    from rlframe.config import load_config, validate
+
+    from rlframe.config.algorithms import OWN_DATAFLOW
+
+    cfg = load_config(name, overrides, extra_dir=config_path)
+    planned = cfg.algorithm.name not in OWN_DATAFLOW and cfg.algorithm.trainer is None  # else validate says why
+    if cfg.trainer.auto_plan and planned:
+        from rlframe.plan.command import auto_plan
+
+        cfg = auto_plan(cfg)
+    return validate(cfg)
+
+
 def main(argv: list[str] | None = None) -> int:
-    from rlframe.config import ConfigError, load_config, validate
+    from rlframe.config import ConfigError
 
     name, overrides, config_path = parse_args(sys.argv[1:] if argv is None else argv)
     try:
-        cfg = validate(load_config(name, overrides, extra_dir=config_path))
+        cfg = planned_config(name, overrides, config_path)
     except (ConfigError, ValueError) as err:
         print(f"rlframe: {err}", file=sys.stderr)
         return 2
@@ -68,14 +84,14 @@ def preflight_main(argv: list[str]) -> int:
     (default 2) at its real layout and check the invariants of any correct RL run
     (controller/preflight). Exit 0 when all hold, 1 when one fails (each failure names its likely
     cause and settings), 2 for a config error."""
-    from rlframe.config import ConfigError, load_config, validate
+    from rlframe.config import ConfigError
 
     steps = 2
     if argv[:1] == ["--steps"] and len(argv) > 1:
         steps, argv = int(argv[1]), argv[2:]
     name, overrides, config_path = parse_args(argv)
     try:
-        cfg = validate(load_config(name, overrides, extra_dir=config_path))
+        cfg = planned_config(name, overrides, config_path)
     except (ConfigError, ValueError) as err:
         print(f"rlframe: {err}", file=sys.stderr)
         return 2

@@ -49,6 +49,38 @@ def ranked(base, dims, constants, **kw):
     return rows, space
 
 
+def load_constants(setting: str | Path = DEFAULT_CONSTANTS):
+    """(constants, whether they are the defaults): a preset name, else a file, else the defaults."""
+    from rlframe.plan.cost import PRESETS, Constants
+
+
+    if str(setting) in PRESETS:
+        return PRESETS[str(setting)], False
+    if Path(setting).is_file():
+        return Constants.load(Path(setting)), False
+    return Constants(), True
+
+
+def auto_plan(cfg, constants_path: str | Path = DEFAULT_CONSTANTS):
+    """trainer.auto_plan: `cfg` with the fastest plan's placement and layouts (up to its own
+    trainer.max_staleness); says which, and with what constants."""
+    import dataclasses
+
+    from rlframe.controller.dry_run import model_dims
+
+    constants, defaults = load_constants(constants_path)
+    base = dataclasses.replace(cfg, trainer=dataclasses.replace(cfg.trainer, dry_run=True))
+    rows, space = ranked(base, model_dims(base), constants)
+    if not rows:
+        raise ValueError("trainer.auto_plan: no plan fits these resources (rlframe plan lists why); add processes "
+                         "or devices, or shrink the batch")
+    est, plan, best = rows[0]
+    print(f"rlframe: trainer.auto_plan chose {plan.label()}, estimated {est.total:.3f} s per step, fastest of "
+          f"{len(rows)} plans ({constants.source}" + ("; run `rlframe plan --calibrate` for this machine's)" if defaults
+                                                      else ")"), flush=True)
+    return dataclasses.replace(best, trainer=dataclasses.replace(best.trainer, dry_run=cfg.trainer.dry_run))
+
+
 def table(rows, top: int) -> str:
     lines = [f"{'#':>3} {'step s':>8}  " + " ".join(f"{p:>14}" for p in SHOWN_PHASES) + "  plan"]
     for i, (est, plan, _) in enumerate(rows[:top], 1):
@@ -71,7 +103,6 @@ def write_config(path: Path, cfg, *, header: str) -> None:
 def main(argv: list[str]) -> int:
     from rlframe.config import ConfigError, load_config
     from rlframe.controller.dry_run import model_dims
-    from rlframe.plan.cost import PRESETS, Constants
 
     args = parse(argv)
     try:  # not validated as it is: its layout may not fit the resources yet, which is what the plans choose
@@ -89,13 +120,10 @@ def main(argv: list[str]) -> int:
             return 2
         constants.save(Path(args.constants))
         print(f"constants ({constants.source}) written to {args.constants}")
-    elif args.constants in PRESETS:
-        constants = PRESETS[args.constants]
-    elif Path(args.constants).is_file():
-        constants = Constants.load(Path(args.constants))
     else:
-        constants = Constants()
-        print(f"rlframe plan: no constants at {args.constants}: using defaults (run `rlframe plan --calibrate`)")
+        constants, defaults = load_constants(args.constants)
+        if defaults:
+            print(f"rlframe plan: no constants at {args.constants}: using defaults (run `rlframe plan --calibrate`)")
     dims = model_dims(base)
     try:
         rows, space = ranked(base, dims, constants, max_staleness=args.max_staleness)

@@ -28,6 +28,7 @@ from dataclasses import asdict, dataclass, field
 from math import prod
 from pathlib import Path
 
+from rlframe.config.algorithms import OWN_DATAFLOW
 from rlframe.config.resources import generation_group, has_reference_group, role_world_sizes
 from rlframe.config.schema import RunConfig, TrainRoleConfig
 from rlframe.resharding.formats import ModelDims, hf_param_shapes
@@ -72,10 +73,6 @@ class StepCost:
     notes: list[str] = field(default_factory=list)
 
 
-UNMODELLED = {"online_dpo": "pairs of samples, a reference pass and a DPO update",
-              "sft": "supervised updates without generation"}
-
-
 # ---- the model's arithmetic -----------------------------------------------------------------------
 def matmul_params(dims: ModelDims, *, head: str = "lm") -> int:
     """Parameters that take part in a matmul per token: every 2-D weight but the embedding table
@@ -117,9 +114,10 @@ class CostModel:
         self.samples = d.train_batch_size * cfg.algorithm.n_samples
         self.response = d.response_length * c.response_fill
         self.seq = d.prompt_length + self.response
-        if cfg.algorithm.name in UNMODELLED:
-            raise ValueError(f"rlframe plan models the PPO-family step; {cfg.algorithm.name}'s trainer "
-                             f"({UNMODELLED[cfg.algorithm.name]}) is not modelled")
+        if cfg.algorithm.name in OWN_DATAFLOW or cfg.algorithm.trainer is not None:
+            what = OWN_DATAFLOW.get(cfg.algorithm.name, f"algorithm.trainer={cfg.algorithm.trainer}")
+            raise ValueError(f"rlframe plan models the PPO-family step; {cfg.algorithm.name}'s trainer ({what}) "
+                             "is not modelled")
         self.b = 2 if cfg.actor.precision == "bf16" or (cfg.actor.precision == "auto" and cfg.resources.use_gpu) else 4
         self.cores = math.inf if cfg.resources.use_gpu else c.cores  # GPUs: a device per process
         # FSDP on CPUs gathers each layer once per step and keeps it (engines/fsdp: gather_once_per_step)

@@ -42,3 +42,14 @@ def test_plan_refuses_what_it_does_not_model(capsys):
     assert main(["plan", "--calibrate", "resources.placement=split", "actor.dp=1", "critic.dp=1",
                  "+resources.split_procs={actor: 1, critic: 1, ref: 1, rollout: 1}"]) == 2
     assert "calibrate on a colocated synchronous config" in capsys.readouterr().err
+
+
+def test_auto_plan_chooses_before_the_run_starts(capsys):
+    """trainer.auto_plan=true: a config whose own layout does not fit its 4 processes runs the
+    fastest plan instead (shown here by the dry run, which then describes the chosen layout)."""
+    from rlframe.main import main as run_main
+
+    assert run_main(["trainer.auto_plan=true", "trainer.dry_run=true", "resources.procs_per_node=4"]) == 0
+    out = capsys.readouterr().out
+    assert "rlframe: trainer.auto_plan chose " in out and "config ppo_tiny: valid" in out
+    assert run_main(["trainer.auto_plan=true", "trainer.dry_run=true", "-cn", "sft_tiny"]) == 2
