@@ -39,7 +39,7 @@ class Constants:
     """The machine's numbers the estimate scales by (`rlframe plan --calibrate` fits them)."""
 
     flops: float = 100e9          # FLOP/s of one process alone on a large matmul (the compute dtype)
-    cores: float = 2.0            # processes that compute at full rate at once (CPU cores; GPUs: the devices)
+    cores: float = 2.0            # processes a host computes at full rate at once (its CPU cores; GPUs: a device each)
     train_eff: float = 0.3        # share of `flops` a training micro-batch reaches (forward + backward)
     infer_eff: float = 0.3        # share for forward-only passes (log-probs, values, prefill)
     decode_eff: float = 0.05      # share for a decode step's matmuls (small batches: memory-bound)
@@ -119,7 +119,7 @@ class CostModel:
             raise ValueError(f"rlframe plan models the PPO-family step; {cfg.algorithm.name}'s trainer ({what}) "
                              "is not modelled")
         self.b = 2 if cfg.actor.precision == "bf16" or (cfg.actor.precision == "auto" and cfg.resources.use_gpu) else 4
-        self.cores = math.inf if cfg.resources.use_gpu else c.cores  # GPUs: a device per process
+        self.cores = math.inf if cfg.resources.use_gpu else c.cores * cfg.resources.nodes  # GPUs: a device per process
         # FSDP on CPUs gathers each layer once per step and keeps it (engines/fsdp: gather_once_per_step)
         self.gather_once = not cfg.resources.use_gpu
 
