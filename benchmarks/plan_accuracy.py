@@ -71,24 +71,26 @@ HOST_PLANS = [
                                                           "micro_batch_size=32"))]),
 ]
 CALIBRATION = ("ppo_tiny", [])
-# Measured runs, by what determines them (the committed code the runs execute, rlframe/plan/ left out
-# since runs never import it, the interpreter, the CPU, the command): a change to the cost model
-# re-estimates without re-measuring. Ignored by git; a fresh clone measures everything.
+# Measured runs, by what determines them (the committed code the runs execute, the cost model left
+# out, the interpreter, the CPU, the command): a change to the cost model re-estimates without
+# re-measuring. Ignored by git; a fresh clone measures everything.
 RUNS = ROOT / "benchmarks" / ".plan_runs"
 
 
 def runtime_version() -> str | None:
-    """The committed files the runs execute (not rlframe/plan/), or None when they have changes."""
+    """The committed files the runs execute: rlframe/ but its plan/ (except calibrate.py, which runs
+    the profiles and the link probe), configs/, setup.py; None when they have changes."""
     git = ["git", "-C", str(ROOT)]
     paths = ["rlframe", "configs", "setup.py"]
+    kept = lambda path: not path.startswith("rlframe/plan/") or path == "rlframe/plan/calibrate.py"  # noqa: E731
     dirty = subprocess.run([*git, "status", "--porcelain", "--", *paths], capture_output=True, text=True).stdout
-    if any(not line[3:].startswith("rlframe/plan/") for line in dirty.splitlines()):
+    if any(kept(line[3:]) for line in dirty.splitlines()):
         return None
     tree = subprocess.run([*git, "ls-tree", "-r", "HEAD", "--", *paths], capture_output=True, text=True).stdout
     from rlframe.utils.machine import cpu_model
 
-    kept = "\n".join(line for line in tree.splitlines() if "\trlframe/plan/" not in line)
-    return hashlib.sha256(f"{kept}|{sys.executable}|{cpu_model()}".encode()).hexdigest()[:20]
+    lines = "\n".join(line for line in tree.splitlines() if kept(line.split("\t", 1)[1]))
+    return hashlib.sha256(f"{lines}|{sys.executable}|{cpu_model()}".encode()).hexdigest()[:20]
 
 
 def measured_rows(name: str, overrides: list[str], *, steps: int) -> list[dict]:
@@ -112,10 +114,11 @@ def measure_on_hosts(steps: int) -> dict:
     from rlframe.plan.calibrate import QUIET, link_constants
 
     version = runtime_version()
-    path = RUNS / (hashlib.sha256(json.dumps([version, "hosts", HOST_PLANS, HOST_JOB, steps]).encode()).hexdigest()[:20] + ".json")
+    key = [version, "hosts", HOSTS, HOST_CPUS, HOST_PLANS, HOST_JOB, steps]
+    path = RUNS / (hashlib.sha256(json.dumps(key).encode()).hexdigest()[:20] + ".json")
     if version is not None and path.is_file():
         saved = json.loads(path.read_text())
-        return {**saved, "link": tuple(saved["link"])}
+        return {**saved, "link": link_constants({int(k): v for k, v in saved["probe"].items()})}
     import tempfile
 
     from rlframe.utils.netns_hosts import NetnsHosts
@@ -125,11 +128,18 @@ def measure_on_hosts(steps: int) -> dict:
         probe = Path(tmp) / "link.json"
         code = ("from rlframe.plan.calibrate import link_worker; "
                 f"link_worker({{rank}}, 29611, [4096, 8 << 20], 20, {str(probe)!r}, addr={cluster.ip(0)!r})")
-        procs = [cluster.popen(i, [sys.executable, "-c", code.format(rank=i)], env={"PYTHONPATH": str(ROOT)})
-                 for i in range(2)]
-        if any(p.wait(timeout=300) for p in procs):
-            raise RuntimeError("the link probe between the hosts failed")
-        out["link"] = link_constants({int(k): v for k, v in json.loads(probe.read_text()).items()})
+        # gloo binds the interface of its hostname, which a host resolves to loopback: name the veth
+        env = {"PYTHONPATH": str(ROOT), "GLOO_SOCKET_IFNAME": "eth0"}
+        procs = [cluster.popen(i, [sys.executable, "-c", code.format(rank=i)], env=env) for i in range(2)]
+        try:
+            failed = [p.wait(timeout=300) for p in procs]
+        except subprocess.TimeoutExpired:
+            failed = [1]
+        if any(failed):
+            for p in procs:
+                p.kill()
+            raise RuntimeError("the link probe between the hosts failed or hung")
+        out["probe"] = json.loads(probe.read_text())
         cluster.start_ray()
         for label, name, overrides in HOST_PLANS:
             exp = f"hosts{len(out)}"
@@ -143,7 +153,7 @@ def measure_on_hosts(steps: int) -> dict:
     if version is not None:
         RUNS.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(out))
-    return out
+    return {**out, "link": link_constants({int(k): v for k, v in out["probe"].items()})}
 
 
 def spearman(x: list[float], y: list[float]) -> float:
@@ -224,7 +234,7 @@ def main() -> None:
         shared = dataclasses.replace(constants, net_latency_s=latency, net_bandwidth=bandwidth,
                                      cores=constants.cores / HOSTS)
         for label, name, overrides in HOST_PLANS:
-            cfg = validate(load_config(name, overrides + HOST_JOB))
+            cfg = validate(load_config(name, [*overrides, *HOST_JOB, "trainer.dry_run=true"]))  # no cluster here
             predicted = estimate(cfg, model_dims(cfg), shared).total
             measured = observed(hosts[label])["step"]
             rows.append({"label": label, "predicted": predicted, "measured": measured})

@@ -22,26 +22,12 @@ def parse_args(argv: list[str]) -> tuple[str, list[str], str | None]:
     return args.config_name, args.overrides, args.config_path
 
 
-def planned_config(name: str, overrides: list[str], config_path: str | None):
-    """The run's validated config; with trainer.auto_plan=true its placement and layouts are the
-    planner's choice first (rlframe/plan), so the layout written in the config need not fit."""
-    from rlframe.config import load_config, validate
-
-    from rlframe.config.algorithms import OWN_DATAFLOW
-
-    cfg = load_config(name, overrides, extra_dir=config_path)
-    planned = cfg.algorithm.name not in OWN_DATAFLOW and cfg.algorithm.trainer is None  # else validate says why
-    if cfg.trainer.auto_plan and planned:
-        from rlframe.plan.command import auto_plan
-
-        cfg = auto_plan(cfg)
-    return validate(cfg)
-
-
 def main(argv: list[str] | None = None) -> int:
     from rlframe.config import ConfigError
 
     name, overrides, config_path = parse_args(sys.argv[1:] if argv is None else argv)
+    from rlframe.plan.command import planned_config
+
     try:
         cfg = planned_config(name, overrides, config_path)
     except (ConfigError, ValueError) as err:
@@ -90,6 +76,8 @@ def preflight_main(argv: list[str]) -> int:
     if argv[:1] == ["--steps"] and len(argv) > 1:
         steps, argv = int(argv[1]), argv[2:]
     name, overrides, config_path = parse_args(argv)
+    from rlframe.plan.command import planned_config
+
     try:
         cfg = planned_config(name, overrides, config_path)
     except (ConfigError, ValueError) as err:

@@ -30,7 +30,8 @@ FITTED = ("train_eff", "infer_eff", "decode_eff", "call_s", "micro_s", "decode_s
 INVERSE = {"train_eff", "infer_eff", "decode_eff"}  # the model divides by these: it is linear in 1 / x
 PHASES = ("gen", "ref", "old_log_prob", "values", "update_critic", "update_actor")
 QUIET = ["trainer.save_every=0", "trainer.export_hf=false", "trainer.plot=false", "trainer.resume=off",
-         "trainer.progress_bar=false", "trainer.loggers=[jsonl]", "trainer.val_every=0"]
+         "trainer.progress_bar=false", "trainer.loggers=[jsonl]", "trainer.val_every=0",
+         "trainer.auto_plan=false"]  # a profile runs the layout it is fitted with
 
 
 def compute_rate(dtype: str = "float32") -> float:

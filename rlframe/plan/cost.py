@@ -213,15 +213,18 @@ class CostModel:
         dtype = torch.bfloat16 if self.b == 2 else torch.float32
         metas = {n: ParamMeta(s, dtype) for n, s in hf_param_shapes(self.dims).items()}
         plan = cached_plan(metas, src=train, dst=gen, num_layers=self.dims.num_layers)
+        from rlframe.resharding.planner import make_buckets
+
         most = max((plan.bytes_received(r) for r in gen.ranks), default=0)
+        buckets = len(make_buckets(plan, bucket_bytes=self.cfg.rollout.bucket_bytes))  # one latency each
         if self.cfg.actor.lora_rank > 0:  # only the adapters move (the base weights never change)
             from rlframe.controller.memory_estimate import lora_fraction
 
             most *= lora_fraction(hf_param_shapes(self.dims), self.cfg.actor)
-        spans = self.cfg.resources.nodes > 1 and self.cfg.resources.placement == "split"  # colocated: rank to itself
+            buckets = 1
+        spans = self.cfg.resources.nodes > 1  # some of the bytes cross hosts: the slower link sets the pace
         latency, bandwidth = (self.c.net_latency_s, self.c.net_bandwidth) if spans else (self.c.latency_s, self.c.bandwidth)
-        buckets = max(1, math.ceil(most / self.cfg.rollout.bucket_bytes))  # transfers go in buckets, not one by one
-        return self.c.call_s + latency * buckets + most / bandwidth
+        return self.c.call_s + latency * max(1, buckets) + most / bandwidth
 
     # ---- the dataflow --------------------------------------------------------------------------
     def step(self) -> StepCost:
