@@ -15,6 +15,7 @@ to docs/img/plan_accuracy.png. The load average and the fp32 matmul rate are pri
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import hashlib
 import json
 import statistics
@@ -55,25 +56,41 @@ PLANS = [
                                                          "actor.sequence_parallel=true"]),
     ("grpo 12m split 4: rollout on 2", "grpo_tiny", [*TWELVE, *SPLIT_GRPO]),
 ]
+# plans across two hosts made of network namespaces (rlframe/utils/netns_hosts.py, root only): the
+# hosts share this machine's cores, so the model is given each host's share; the link between them
+# is measured like the local one (a two-rank gloo all-reduce, one rank in each host)
+HOSTS = 2
+HOST_CPUS = 4
+HOST_JOB = ["rollout.kv_cache_bytes=33554432", "trainer.max_restarts=0"]
+HOST_PLANS = [
+    ("ppo 2 hosts: fsdp dp2, a rank on each", "ppo_tiny",
+     ["resources.nodes=2", "resources.procs_per_node=1", "actor.dp=2", "critic.dp=2"]),
+    ("ppo 2 hosts: megatron tp2 in a host, pp2 across", "ppo_tiny",
+     ["resources.nodes=2", "resources.procs_per_node=2", *MEGATRON,
+      *(f"{r}.{k}" for r in ("actor", "critic") for k in ("dp=1", "tp=2", "pp=2", "sequence_parallel=true",
+                                                          "micro_batch_size=32"))]),
+]
 CALIBRATION = ("ppo_tiny", [])
-# Measured runs, by what determines them (the committed code the runs execute, rlframe/plan/ left out
-# since runs never import it, the interpreter, the CPU, the command): a change to the cost model
-# re-estimates without re-measuring. Ignored by git; a fresh clone measures everything.
+# Measured runs, by what determines them (the committed code the runs execute, the cost model left
+# out, the interpreter, the CPU, the command): a change to the cost model re-estimates without
+# re-measuring. Ignored by git; a fresh clone measures everything.
 RUNS = ROOT / "benchmarks" / ".plan_runs"
 
 
 def runtime_version() -> str | None:
-    """The committed files the runs execute (not rlframe/plan/), or None when they have changes."""
+    """The committed files the runs execute: rlframe/ but its plan/ (except calibrate.py, which runs
+    the profiles and the link probe), configs/, setup.py; None when they have changes."""
     git = ["git", "-C", str(ROOT)]
     paths = ["rlframe", "configs", "setup.py"]
+    kept = lambda path: not path.startswith("rlframe/plan/") or path == "rlframe/plan/calibrate.py"  # noqa: E731
     dirty = subprocess.run([*git, "status", "--porcelain", "--", *paths], capture_output=True, text=True).stdout
-    if any(not line[3:].startswith("rlframe/plan/") for line in dirty.splitlines()):
+    if any(kept(line[3:]) for line in dirty.splitlines()):
         return None
     tree = subprocess.run([*git, "ls-tree", "-r", "HEAD", "--", *paths], capture_output=True, text=True).stdout
     from rlframe.utils.machine import cpu_model
 
-    kept = "\n".join(line for line in tree.splitlines() if "\trlframe/plan/" not in line)
-    return hashlib.sha256(f"{kept}|{sys.executable}|{cpu_model()}".encode()).hexdigest()[:20]
+    lines = "\n".join(line for line in tree.splitlines() if kept(line.split("\t", 1)[1]))
+    return hashlib.sha256(f"{lines}|{sys.executable}|{cpu_model()}".encode()).hexdigest()[:20]
 
 
 def measured_rows(name: str, overrides: list[str], *, steps: int) -> list[dict]:
@@ -89,6 +106,54 @@ def measured_rows(name: str, overrides: list[str], *, steps: int) -> list[dict]:
         RUNS.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(rows))
     return rows
+
+
+def measure_on_hosts(steps: int) -> dict:
+    """{"link": (latency, bandwidth) between the hosts, label: metrics rows after step 1} (from RUNS
+    when this code already measured them here)."""
+    from rlframe.plan.calibrate import QUIET, link_constants
+
+    version = runtime_version()
+    key = [version, "hosts", HOSTS, HOST_CPUS, HOST_PLANS, HOST_JOB, steps]
+    path = RUNS / (hashlib.sha256(json.dumps(key).encode()).hexdigest()[:20] + ".json")
+    if version is not None and path.is_file():
+        saved = json.loads(path.read_text())
+        return {**saved, "link": link_constants({int(k): v for k, v in saved["probe"].items()})}
+    import tempfile
+
+    from rlframe.utils.netns_hosts import NetnsHosts
+
+    out = {}
+    with tempfile.TemporaryDirectory(prefix="rlframe-plan-hosts-") as tmp, NetnsHosts(HOSTS, cpus=HOST_CPUS) as cluster:
+        probe = Path(tmp) / "link.json"
+        code = ("from rlframe.plan.calibrate import link_worker; "
+                f"link_worker({{rank}}, 29611, [4096, 8 << 20], 20, {str(probe)!r}, addr={cluster.ip(0)!r})")
+        # gloo binds the interface of its hostname, which a host resolves to loopback: name the veth
+        env = {"PYTHONPATH": str(ROOT), "GLOO_SOCKET_IFNAME": "eth0"}
+        procs = [cluster.popen(i, [sys.executable, "-c", code.format(rank=i)], env=env) for i in range(2)]
+        try:
+            failed = [p.wait(timeout=300) for p in procs]
+        except subprocess.TimeoutExpired:
+            failed = [1]
+        if any(failed):
+            for p in procs:
+                p.kill()
+            raise RuntimeError("the link probe between the hosts failed or hung")
+        out["probe"] = json.loads(probe.read_text())
+        cluster.start_ray()
+        for label, name, overrides in HOST_PLANS:
+            exp = f"hosts{len(out)}"
+            job = cluster.run_job(name, [*overrides, *HOST_JOB, *QUIET, f"trainer.total_steps={steps}",
+                                         f"trainer.output_dir={tmp}", f"trainer.experiment={exp}"],
+                                  run_dir=Path(tmp) / exp, env={"PYTHONPATH": str(ROOT)})
+            if job.returncode != 0:
+                raise RuntimeError(f"{label} failed:\n{job.stderr[-3000:]}")
+            rows = [json.loads(line) for line in (Path(tmp) / exp / "metrics.jsonl").read_text().splitlines() if line.strip()]
+            out[label] = [r for r in rows if r.get("step", 0) >= 2 and "timing_s/step" in r]
+    if version is not None:
+        RUNS.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(out))
+    return {**out, "link": link_constants({int(k): v for k, v in out["probe"].items()})}
 
 
 def spearman(x: list[float], y: list[float]) -> float:
@@ -137,6 +202,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--no-write", action="store_true")
+    ap.add_argument("--no-hosts", action="store_true", help="leave out the plans across network-namespace hosts")
     args = ap.parse_args()
     sys.path.insert(0, str(ROOT))
     from rlframe.config import load_config, validate
@@ -157,6 +223,22 @@ def main() -> None:
         measured = observed(measured_rows(name, overrides, steps=args.steps))["step"]
         rows.append({"label": label, "predicted": predicted, "measured": measured})
         print(f"  {label}: estimated {predicted:.3f} s, measured {measured:.3f} s", flush=True)
+    from rlframe.utils.netns_hosts import unavailable
+
+    why_not = "left out (--no-hosts)" if args.no_hosts else unavailable()
+    if not why_not:
+        hosts = measure_on_hosts(args.steps)
+        latency, bandwidth = hosts["link"]
+        print(f"  link between hosts: {latency * 1e6:.0f} us, {bandwidth / 1e9:.2f} GB/s", flush=True)
+        # the namespace hosts share this machine's cores: each host gets its share
+        shared = dataclasses.replace(constants, net_latency_s=latency, net_bandwidth=bandwidth,
+                                     cores=constants.cores / HOSTS)
+        for label, name, overrides in HOST_PLANS:
+            cfg = validate(load_config(name, [*overrides, *HOST_JOB, "trainer.dry_run=true"]))  # no cluster here
+            predicted = estimate(cfg, model_dims(cfg), shared).total
+            measured = observed(hosts[label])["step"]
+            rows.append({"label": label, "predicted": predicted, "measured": measured})
+            print(f"  {label}: estimated {predicted:.3f} s, measured {measured:.3f} s", flush=True)
     after = machine_state()
     errors = [abs(r["predicted"] - r["measured"]) / r["measured"] for r in rows]
     rho = spearman([r["predicted"] for r in rows], [r["measured"] for r in rows])
@@ -170,16 +252,19 @@ def main() -> None:
                f"(goal at most 25%); the plan estimated fastest ({chosen['label']}) measures {gap:+.0%} against the "
                f"fastest measured ({best['label']}) (goal within 10%).")
     print(table + "\n" + summary)
-    figure = ROOT / "docs" / "img" / "plan_accuracy.png"
-    plot(rows, figure)
     body = "\n".join([
         f"Reproduce: `python benchmarks/plan_accuracy.py --steps {args.steps}`. {machine_line()} Load average "
         f"{before['load1']:.1f} before, {after['load1']:.1f} after; fp32 matmul {before['gflops']:.0f} / "
         f"{after['gflops']:.0f} GFLOP/s.", "",
         f"Constants: `rlframe plan --calibrate` on {CALIBRATION[0]} as shipped ({constants.source}). Each plan ran "
-        f"{args.steps} steps once; measured = the median step time after the first step.", "",
+        f"{args.steps} steps once; measured = the median step time after the first step. "
+        + (f"Plans across hosts: {why_not}." if why_not else
+           f"The last {len(HOST_PLANS)} plans run across {HOSTS} hosts made of network namespaces on this machine "
+           "(docs/multinode.md), which share its cores (the model is told so: each host gets its share), with the "
+           "link between the hosts measured by the same gloo probe (one rank in each host)."), "",
         table, "", summary, "", "![estimated vs measured step time](img/plan_accuracy.png)"])
     if not args.no_write:
+        plot(rows, ROOT / "docs" / "img" / "plan_accuracy.png")
         write_section(SECTION, body)
 
 

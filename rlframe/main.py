@@ -23,11 +23,13 @@ def parse_args(argv: list[str]) -> tuple[str, list[str], str | None]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from rlframe.config import ConfigError, load_config, validate
+    from rlframe.config import ConfigError
 
     name, overrides, config_path = parse_args(sys.argv[1:] if argv is None else argv)
+    from rlframe.plan.command import planned_config
+
     try:
-        cfg = validate(load_config(name, overrides, extra_dir=config_path))
+        cfg = planned_config(name, overrides, config_path)
     except (ConfigError, ValueError) as err:
         print(f"rlframe: {err}", file=sys.stderr)
         return 2
@@ -68,14 +70,16 @@ def preflight_main(argv: list[str]) -> int:
     (default 2) at its real layout and check the invariants of any correct RL run
     (controller/preflight). Exit 0 when all hold, 1 when one fails (each failure names its likely
     cause and settings), 2 for a config error."""
-    from rlframe.config import ConfigError, load_config, validate
+    from rlframe.config import ConfigError
 
     steps = 2
     if argv[:1] == ["--steps"] and len(argv) > 1:
         steps, argv = int(argv[1]), argv[2:]
     name, overrides, config_path = parse_args(argv)
+    from rlframe.plan.command import planned_config
+
     try:
-        cfg = validate(load_config(name, overrides, extra_dir=config_path))
+        cfg = planned_config(name, overrides, config_path)
     except (ConfigError, ValueError) as err:
         print(f"rlframe: {err}", file=sys.stderr)
         return 2

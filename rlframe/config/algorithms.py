@@ -30,6 +30,11 @@ REQUIRES: dict[str, dict[str, tuple]] = {
 }
 
 
+# names whose trainer runs another dataflow than the PPO family's (rlframe plan models that one)
+OWN_DATAFLOW = {"online_dpo": "pairs of samples, a reference pass and a DPO update",
+                "sft": "supervised updates without generation"}
+
+
 def _text(value) -> str:
     return "true" if value is True else "false" if value is False else "null" if value is None else str(value)
 

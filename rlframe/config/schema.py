@@ -250,6 +250,9 @@ class TrainerConfig:
     export_hf: bool = True
     plot: bool = True
     dry_run: bool = False
+    # choose placement and layouts before starting: the fastest plan `rlframe plan` estimates with the
+    # constants in ~/.cache/rlframe/plan_constants.json (or its defaults); docs/plan.md
+    auto_plan: bool = False
     seed: int = 0
     progress_bar: bool = True
     # A worker process that dies mid-run (killed, out of memory): tear the groups down, start them

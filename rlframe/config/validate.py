@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import importlib
 
+from rlframe.config.algorithms import OWN_DATAFLOW
 from rlframe.config.ranges import check_ranges
 from rlframe.config.resources import check_private_cluster, generation_group, role_world_sizes
 from rlframe.config.run_files import check_paths
@@ -79,6 +80,10 @@ def _check_algorithm(cfg: RunConfig, out: list[str]) -> None:
     )
 
     alg = cfg.algorithm
+    if cfg.trainer.auto_plan and (alg.name in OWN_DATAFLOW or alg.trainer is not None):
+        out.append(f"trainer.auto_plan=true chooses layouts by the PPO-family step's estimate, and "
+                   f"algorithm.name={alg.name} runs {OWN_DATAFLOW.get(alg.name, 'its own trainer')}; set "
+                   "trainer.auto_plan=false and choose the layout (rlframe plan lists the valid ones)")
     for what, target in (("algorithm.trainer", alg.trainer), ("actor.worker_cls", cfg.actor.worker_cls),
                          ("critic.worker_cls", cfg.critic.worker_cls)):
         if target is not None:

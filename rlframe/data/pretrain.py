@@ -23,7 +23,7 @@ so a crash or a concurrent builder never leaves a half-written model behind.
 Even pinned, AMD and Intel machines built different demo models, so the default recipe's result ships
 in the repository (`rlframe/data/shipped.py`, `rlframe/data/presets/demo/`): `build_pretrained_model`
 copies it, sha256-verified, into the cache instead of training (`use_shipped=False` builds anyway;
-`python -m rlframe.data.tiny_model --rebuild demo` rebuilds the shipped files).
+`python -m rlframe.data.rebuild demo` rebuilds the shipped files).
 """
 
 from __future__ import annotations

@@ -10,8 +10,8 @@ files are verified and copied into the cache (`models/<key>-shipped/`), and no t
 whose sha256 differs is refused. Any other recipe (other steps, seed, task spec or format version) is
 built as before.
 
-Rebuild (after a change of the recipe, torch or transformers): `python -m rlframe.data.tiny_model
---rebuild demo` trains the model on this machine and rewrites the folder and its sums.
+Rebuild (after a change of the recipe, torch or transformers): `python -m rlframe.data.rebuild demo`
+(rlframe/data/rebuild.py) trains the model on this machine and rewrites the folder and its sums.
 """
 
 from __future__ import annotations
@@ -77,7 +77,7 @@ def verify_shipped(folder: Path) -> dict[str, str]:
             f"shipped pre-trained model {folder}: {', '.join(bad)} missing or not the file its {MANIFEST} records "
             "(sha256 differs), so it was damaged or edited and cannot be the model every machine starts from. "
             f"Restore it (`git checkout -- {folder}` or reinstall rlframe), or, if the recipe changed on "
-            f"purpose, rebuild it with `python -m rlframe.data.tiny_model --rebuild {folder.name}`")
+            f"purpose, rebuild it with `python -m rlframe.data.rebuild {folder.name}`")
     return sums
 
 
@@ -103,25 +103,3 @@ def install_shipped(folder: Path, dest: Path) -> Path:
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return dest
-
-
-def rebuild(name: str, presets_dir: Path | None = None) -> Path:
-    """Train shipped model `name` on this machine (in a temporary cache) and write it, with its
-    manifest, to `presets_dir/name` (the repository's rlframe/data/presets by default)."""
-    from rlframe.data.pretrain import build_pretrained_model, cache_key, default_sft
-
-    if name not in RECIPES:
-        raise ValueError(f"no shipped model {name!r}; choose one of {sorted(RECIPES)}")
-    recipe = RECIPES[name]
-    key = cache_key(**recipe, cfg=default_sft(recipe["task"]))
-    out = Path(presets_dir or PRESETS_DIR) / name
-    with tempfile.TemporaryDirectory() as cache:
-        built = build_pretrained_model(**recipe, cache_dir=cache, use_shipped=False)
-        files = sorted(p.name for p in built.iterdir() if p.is_file())
-        shutil.rmtree(out, ignore_errors=True)
-        out.mkdir(parents=True)
-        for f in files:
-            shutil.copyfile(built / f, out / f)
-    manifest = {"name": name, "cache_key": key, "sha256": {f: sha256_file(out / f) for f in files}}
-    (out / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
-    return out

@@ -4,7 +4,7 @@
 and the preset's tokenizer (the character one, or the BPE one with a chat template for `agent`), loadable by `AutoModelForCausalLM.from_pretrained` and by vLLM.
 Presets name shapes used across tests and benchmarks; `count_parameters(preset)` gives their
 sizes. Weights are random (seeded); pre-training for the demo lives in `pretrain.py`, and the
-pre-trained demo model ships in `presets/` (`shipped.py`); `python -m rlframe.data.tiny_model --rebuild
+pre-trained demo model ships in `presets/` (`shipped.py`); `python -m rlframe.data.rebuild
 demo` rebuilds it.
 """
 
@@ -99,29 +99,3 @@ def count_parameters(preset: str) -> int:
     with torch.device("meta"):
         model = Qwen2ForCausalLM(make_config(shape, tok))
     return sum(p.numel() for p in model.parameters())
-
-
-def main(argv: list[str] | None = None) -> int:
-    """`python -m rlframe.data.tiny_model --rebuild NAME`: rebuild a shipped pre-trained model here."""
-    import argparse
-
-    from rlframe.data import shipped
-
-    p = argparse.ArgumentParser(prog="python -m rlframe.data.tiny_model",
-                                description="Rebuild a pre-trained tiny model shipped in rlframe/data/presets/ "
-                                            "(trains it on this machine and rewrites its files and sha256 sums).")
-    p.add_argument("--rebuild", metavar="NAME", required=True, choices=sorted(shipped.RECIPES))
-    name = p.parse_args(argv).rebuild
-    old = shipped.PRESETS_DIR / name / shipped.MANIFEST
-    before = shipped.read_manifest(old.parent)["sha256"].get("model.safetensors") if old.is_file() else None
-    out = shipped.rebuild(name)
-    after = shipped.read_manifest(out)["sha256"]["model.safetensors"]
-    change = "unchanged" if after == before else f"changed (was {before})" if before else "new"
-    print(f"rebuilt {out}: model.safetensors sha256 {after}, {change}")
-    return 0
-
-
-if __name__ == "__main__":
-    import sys
-
-    sys.exit(main())

@@ -116,10 +116,11 @@ def _quote_override_value(override: str) -> str:
 
 def _plan_run(config_name: str, overrides: list[str], output_dir: str | None) -> tuple[list[str], Path]:
     """Validate the config here and return (overrides with an absolute output_dir, run dir)."""
-    from rlframe.config import ConfigError, load_config, validate
+    from rlframe.config import ConfigError
+    from rlframe.plan.command import planned_config
 
-    try:
-        cfg = validate(load_config(config_name, overrides))
+    try:  # with trainer.auto_plan the job plans on the cluster: here only that a plan exists
+        cfg = planned_config(config_name, overrides, log=lambda line: None)
     except ConfigError as err:
         raise ValueError(f"config {config_name!r} with overrides {overrides} is invalid: {err}") from err
     # The job's working directory on the cluster is Ray's, not ours: a relative output_dir would

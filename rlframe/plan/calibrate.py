@@ -30,7 +30,8 @@ FITTED = ("train_eff", "infer_eff", "decode_eff", "call_s", "micro_s", "decode_s
 INVERSE = {"train_eff", "infer_eff", "decode_eff"}  # the model divides by these: it is linear in 1 / x
 PHASES = ("gen", "ref", "old_log_prob", "values", "update_critic", "update_actor")
 QUIET = ["trainer.save_every=0", "trainer.export_hf=false", "trainer.plot=false", "trainer.resume=off",
-         "trainer.progress_bar=false", "trainer.loggers=[jsonl]", "trainer.val_every=0"]
+         "trainer.progress_bar=false", "trainer.loggers=[jsonl]", "trainer.val_every=0",
+         "trainer.auto_plan=false"]  # a profile runs the layout it is fitted with
 
 
 def compute_rate(dtype: str = "float32") -> float:
@@ -48,12 +49,13 @@ def compute_rate(dtype: str = "float32") -> float:
     return (bf16 if dtype == "bfloat16" else fp32) * 1e9
 
 
-def _link_worker(rank: int, port: int, sizes: list[int], repeats: int, out: str) -> None:
+def link_worker(rank: int, port: int, sizes: list[int], repeats: int, out: str, addr: str = "127.0.0.1") -> None:
+    """One of the two ranks of the link probe (rank 0 listens at addr:port and writes the medians)."""
     import torch
     import torch.distributed as dist
 
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    dist.init_process_group("gloo", init_method=f"tcp://{addr}:{port}", rank=rank, world_size=2)
     result = {}
     for size in sizes:
         t = torch.ones(size // 4)
@@ -82,9 +84,15 @@ def link(small: int = 4096, large: int = 8 << 20, repeats: int = 20) -> tuple[fl
         port = s.getsockname()[1]
     with tempfile.TemporaryDirectory() as tmp:
         out = str(Path(tmp) / "link.json")
-        mp.start_processes(_link_worker, args=(port, [small, large], repeats, out), nprocs=2, start_method="spawn")
+        mp.start_processes(link_worker, args=(port, [small, large], repeats, out), nprocs=2, start_method="spawn")
         times = {int(k): v for k, v in json.loads(Path(out).read_text()).items()}
-    # t(bytes) = 2 latency + 2 / 2 * bytes / bandwidth
+    return link_constants(times)
+
+
+def link_constants(times: dict[int, float]) -> tuple[float, float]:
+    """(latency per hop, bandwidth) from a two-rank all-reduce's median seconds at two sizes:
+    t(bytes) = 2 latency + 2 / 2 * bytes / bandwidth."""
+    small, large = sorted(times)
     bandwidth = (large - small) / max(times[large] - times[small], 1e-9)
     latency = max(times[small] - small / bandwidth, 0.0) / 2
     return latency, bandwidth

@@ -49,6 +49,95 @@ def ranked(base, dims, constants, **kw):
     return rows, space
 
 
+def load_constants(setting: str | Path = DEFAULT_CONSTANTS):
+    """(constants, whether they are the defaults): a preset name, else a file, else the defaults."""
+    from rlframe.plan.cost import PRESETS, Constants
+
+
+    if str(setting) in PRESETS:
+        return PRESETS[str(setting)], False
+    if Path(setting).is_file():
+        return Constants.load(Path(setting)), False
+    return Constants(), True
+
+
+def resumed_plan(cfg):
+    """(the plan the checkpoint this launch resumes was written with, its path), or None: a resumed
+    run keeps its layout (a checkpoint loads into the layout that wrote it)."""
+    from rlframe.controller.trainers.run_identity import checkpoint_run_info, complete_checkpoints
+    from rlframe.plan.space import plan_of
+
+    t = cfg.trainer
+    if t.resume == "off":
+        return None
+    found = [Path(t.resume)] if t.resume != "auto" else [p for _, p in complete_checkpoints(
+        Path(t.output_dir).expanduser() / t.experiment)][-1:]
+    info = checkpoint_run_info(found[0]) if found else None
+    if not info or "config" not in info:
+        return None
+    try:
+        return plan_of(cfg, info["config"]), found[0]
+    except (KeyError, TypeError):  # written by a version without some of the keys: plan afresh
+        return None
+
+
+def _say(line: str) -> None:
+    print(line, flush=True)
+
+
+def auto_plan(cfg, constants_path: str | Path = DEFAULT_CONSTANTS, *, log=_say):
+    """trainer.auto_plan: `cfg` with the fastest plan's placement and layouts (generation up to its
+    own trainer.max_staleness ahead), or, when it resumes a checkpoint, that checkpoint's; says which,
+    with what constants, and which of the config's settings the plan changed."""
+    import dataclasses
+
+    from rlframe.config import ConfigError
+    from rlframe.controller.dry_run import model_dims
+
+    kept = resumed_plan(cfg)
+    if kept is not None:
+        plan, where = kept
+        log(f"rlframe: trainer.auto_plan keeps the plan of the checkpoint it resumes ({where}): {plan.label()}")
+        return plan.apply(cfg)
+    constants, defaults = load_constants(constants_path)
+    base = dataclasses.replace(cfg, trainer=dataclasses.replace(cfg.trainer, dry_run=True))
+    try:
+        dims = model_dims(base)
+    except OSError as err:
+        raise ConfigError([f"trainer.auto_plan needs the model's shapes, and model.path has no readable "
+                           f"config.json ({err}); check model.path"]) from err
+    rows, space = ranked(base, dims, constants)
+    if not rows:
+        if space.refused:  # the config's own problem (every plan has it): as the validator says it
+            raise ConfigError(space.refused[0][1])
+        raise ValueError("trainer.auto_plan: no plan fits these resources (rlframe plan lists why); add processes "
+                         "or devices, or shrink the batch")
+    est, plan, best = rows[0]
+    from rlframe.plan.space import plan_of
+
+    before = plan_of(cfg).values
+    changed = [f"{k} {before[k]} -> {v}" for k, v in plan.settings if before.get(k) != v]
+    log(f"rlframe: trainer.auto_plan chose {plan.label()}, estimated {est.total:.3f} s per step, fastest of "
+        f"{len(rows)} plans ({constants.source}" + ("; run `rlframe plan --calibrate` for this machine's)" if defaults
+                                                    else ")")
+        + (f"; it set {', '.join(changed)}" if changed else ""))
+    return dataclasses.replace(best, trainer=dataclasses.replace(best.trainer, dry_run=cfg.trainer.dry_run))
+
+
+def planned_config(name: str, overrides: list[str], config_path: str | None = None, *, log=None):
+    """The run's validated config; with trainer.auto_plan=true its placement and layouts are the
+    planner's choice first (rlframe/plan), so the layout written in the config need not fit.
+    `log` takes the planner's line (default: printed)."""
+    from rlframe.config import load_config, validate
+    from rlframe.config.algorithms import OWN_DATAFLOW
+
+    cfg = load_config(name, overrides, extra_dir=config_path)
+    planned = cfg.algorithm.name not in OWN_DATAFLOW and cfg.algorithm.trainer is None  # else validate says why
+    if cfg.trainer.auto_plan and planned:
+        cfg = auto_plan(cfg, log=log or _say)
+    return validate(cfg)
+
+
 def table(rows, top: int) -> str:
     lines = [f"{'#':>3} {'step s':>8}  " + " ".join(f"{p:>14}" for p in SHOWN_PHASES) + "  plan"]
     for i, (est, plan, _) in enumerate(rows[:top], 1):
@@ -71,7 +160,6 @@ def write_config(path: Path, cfg, *, header: str) -> None:
 def main(argv: list[str]) -> int:
     from rlframe.config import ConfigError, load_config
     from rlframe.controller.dry_run import model_dims
-    from rlframe.plan.cost import PRESETS, Constants
 
     args = parse(argv)
     try:  # not validated as it is: its layout may not fit the resources yet, which is what the plans choose
@@ -89,13 +177,10 @@ def main(argv: list[str]) -> int:
             return 2
         constants.save(Path(args.constants))
         print(f"constants ({constants.source}) written to {args.constants}")
-    elif args.constants in PRESETS:
-        constants = PRESETS[args.constants]
-    elif Path(args.constants).is_file():
-        constants = Constants.load(Path(args.constants))
     else:
-        constants = Constants()
-        print(f"rlframe plan: no constants at {args.constants}: using defaults (run `rlframe plan --calibrate`)")
+        constants, defaults = load_constants(args.constants)
+        if defaults:
+            print(f"rlframe plan: no constants at {args.constants}: using defaults (run `rlframe plan --calibrate`)")
     dims = model_dims(base)
     try:
         rows, space = ranked(base, dims, constants, max_staleness=args.max_staleness)

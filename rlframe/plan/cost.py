@@ -28,6 +28,7 @@ from dataclasses import asdict, dataclass, field
 from math import prod
 from pathlib import Path
 
+from rlframe.config.algorithms import OWN_DATAFLOW
 from rlframe.config.resources import generation_group, has_reference_group, role_world_sizes
 from rlframe.config.schema import RunConfig, TrainRoleConfig
 from rlframe.resharding.formats import ModelDims, hf_param_shapes
@@ -38,7 +39,7 @@ class Constants:
     """The machine's numbers the estimate scales by (`rlframe plan --calibrate` fits them)."""
 
     flops: float = 100e9          # FLOP/s of one process alone on a large matmul (the compute dtype)
-    cores: float = 2.0            # processes that compute at full rate at once (CPU cores; GPUs: the devices)
+    cores: float = 2.0            # processes a host computes at full rate at once (its CPU cores; GPUs: a device each)
     train_eff: float = 0.3        # share of `flops` a training micro-batch reaches (forward + backward)
     infer_eff: float = 0.3        # share for forward-only passes (log-probs, values, prefill)
     decode_eff: float = 0.05      # share for a decode step's matmuls (small batches: memory-bound)
@@ -70,10 +71,6 @@ class StepCost:
     phases: dict[str, float] = field(default_factory=dict)
     total: float = 0.0
     notes: list[str] = field(default_factory=list)
-
-
-UNMODELLED = {"online_dpo": "pairs of samples, a reference pass and a DPO update",
-              "sft": "supervised updates without generation"}
 
 
 # ---- the model's arithmetic -----------------------------------------------------------------------
@@ -117,11 +114,12 @@ class CostModel:
         self.samples = d.train_batch_size * cfg.algorithm.n_samples
         self.response = d.response_length * c.response_fill
         self.seq = d.prompt_length + self.response
-        if cfg.algorithm.name in UNMODELLED:
-            raise ValueError(f"rlframe plan models the PPO-family step; {cfg.algorithm.name}'s trainer "
-                             f"({UNMODELLED[cfg.algorithm.name]}) is not modelled")
+        if cfg.algorithm.name in OWN_DATAFLOW or cfg.algorithm.trainer is not None:
+            what = OWN_DATAFLOW.get(cfg.algorithm.name, f"algorithm.trainer={cfg.algorithm.trainer}")
+            raise ValueError(f"rlframe plan models the PPO-family step; {cfg.algorithm.name}'s trainer ({what}) "
+                             "is not modelled")
         self.b = 2 if cfg.actor.precision == "bf16" or (cfg.actor.precision == "auto" and cfg.resources.use_gpu) else 4
-        self.cores = math.inf if cfg.resources.use_gpu else c.cores  # GPUs: a device per process
+        self.cores = math.inf if cfg.resources.use_gpu else c.cores * cfg.resources.nodes  # GPUs: a device per process
         # FSDP on CPUs gathers each layer once per step and keeps it (engines/fsdp: gather_once_per_step)
         self.gather_once = not cfg.resources.use_gpu
 
@@ -215,15 +213,18 @@ class CostModel:
         dtype = torch.bfloat16 if self.b == 2 else torch.float32
         metas = {n: ParamMeta(s, dtype) for n, s in hf_param_shapes(self.dims).items()}
         plan = cached_plan(metas, src=train, dst=gen, num_layers=self.dims.num_layers)
+        from rlframe.resharding.planner import make_buckets
+
         most = max((plan.bytes_received(r) for r in gen.ranks), default=0)
+        buckets = len(make_buckets(plan, bucket_bytes=self.cfg.rollout.bucket_bytes))  # one latency each
         if self.cfg.actor.lora_rank > 0:  # only the adapters move (the base weights never change)
             from rlframe.controller.memory_estimate import lora_fraction
 
             most *= lora_fraction(hf_param_shapes(self.dims), self.cfg.actor)
-        spans = self.cfg.resources.nodes > 1 and self.cfg.resources.placement == "split"  # colocated: rank to itself
+            buckets = 1
+        spans = self.cfg.resources.nodes > 1  # some of the bytes cross hosts: the slower link sets the pace
         latency, bandwidth = (self.c.net_latency_s, self.c.net_bandwidth) if spans else (self.c.latency_s, self.c.bandwidth)
-        buckets = max(1, math.ceil(most / self.cfg.rollout.bucket_bytes))  # transfers go in buckets, not one by one
-        return self.c.call_s + latency * buckets + most / bandwidth
+        return self.c.call_s + latency * max(1, buckets) + most / bandwidth
 
     # ---- the dataflow --------------------------------------------------------------------------
     def step(self) -> StepCost:

@@ -79,6 +79,28 @@ class Plan:
         return f"{place}:{role('actor')}{role('critic')} rollout tp{v['rollout.tp']}"
 
 
+ROLE_KEYS = ("strategy", "dp", "tp", "pp", "sp", "sequence_parallel", "micro_batch_size", "max_tokens_per_micro_batch")
+
+
+def plan_keys(cfg: RunConfig) -> list[str]:
+    """The config keys a plan of `cfg` sets."""
+    roles = ["actor"] + (["critic"] if cfg.uses_critic else [])
+    return ["resources.placement", "resources.split_procs", *(f"{r}.{k}" for r in roles for k in ROLE_KEYS),
+            "rollout.tp", "trainer.max_staleness"]
+
+
+def plan_of(cfg: RunConfig, raw: dict | None = None) -> Plan:
+    """The plan `cfg` (or a config dict `raw`, such as a checkpoint records) runs."""
+    raw = to_dict(cfg) if raw is None else raw
+    settings = []
+    for key in plan_keys(cfg):
+        value = raw
+        for part in key.split("."):
+            value = value[part]
+        settings.append((key, value))
+    return Plan(tuple(settings))
+
+
 def _render(value: Any) -> str:
     if value is None:
         return "null"
@@ -146,9 +168,8 @@ def _divisors(n: int) -> list[int]:
 
 def _role_settings(name: str, layout: tuple[str, int, int, int], micro: int) -> list[tuple[str, Any]]:
     strategy, dp, tp, pp = layout  # megatron splits activations over tp (sequence parallelism) when it has tp
-    return [(f"{name}.strategy", strategy), (f"{name}.dp", dp), (f"{name}.tp", tp), (f"{name}.pp", pp),
-            (f"{name}.sp", 1), (f"{name}.sequence_parallel", strategy == "megatron" and tp > 1),
-            (f"{name}.micro_batch_size", micro), (f"{name}.max_tokens_per_micro_batch", None)]
+    values = (strategy, dp, tp, pp, 1, strategy == "megatron" and tp > 1, micro, None)
+    return [(f"{name}.{k}", v) for k, v in zip(ROLE_KEYS, values)]
 
 
 def _role_choices(cfg: RunConfig, name: str, n: int, dims: ModelDims, strategies,

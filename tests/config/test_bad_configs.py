@@ -149,6 +149,7 @@ CASES = [
      "set algorithm.dynamic_sampling=false"),
     ("algorithm.adv_estimator=gea", "algorithm.adv_estimator='gea'", "use one of them"),
     ("algorithm.adv_estimator=grpo", "algorithm.adv_estimator='grpo'", "set algorithm.n_samples=4"),
+    ("algorithm=sft trainer.auto_plan=true", "trainer.auto_plan=true chooses layouts", "set trainer.auto_plan=false"),
     ("algorithm=sft data.task=countdown", "countdown's ground truth is the target and the numbers",
      "train countdown with an RL algorithm"),
     ("algorithm.name=online_dpo algorithm.adv_estimator=grpo algorithm.n_samples=3", "online DPO",

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from rlframe.config.schema import RunConfig
-from rlframe.data import pretrain, shipped
+from rlframe.data import pretrain, rebuild, shipped
 from rlframe.data.pretrain import DEFAULT_SFT, SFTConfig, build_pretrained_model, cache_key
 
 DEMO = shipped.PRESETS_DIR / "demo"
@@ -67,7 +67,7 @@ def test_a_corrupted_shipped_file_is_refused(tmp_path, monkeypatch, no_training)
     data[-1] ^= 1
     weights.write_bytes(bytes(data))
     monkeypatch.setattr(shipped, "PRESETS_DIR", presets)
-    with pytest.raises(shipped.ShippedModelError, match=r"model\.safetensors.*sha256 differs.*git checkout.*--rebuild demo"):
+    with pytest.raises(shipped.ShippedModelError, match=r"model\.safetensors.*sha256 differs.*git checkout.*rlframe.data.rebuild demo"):
         build_pretrained_model(preset="demo", seed=0, cache_dir=tmp_path / "cache")
     assert not (tmp_path / "cache" / "models").exists() or not any((tmp_path / "cache" / "models").iterdir())
 
@@ -96,7 +96,7 @@ def test_rebuild_writes_the_built_files_and_their_sums(tmp_path, monkeypatch):
         return built
 
     monkeypatch.setattr(pretrain, "build_pretrained_model", fake_build)
-    out = shipped.rebuild("demo", presets_dir=tmp_path / "presets")
+    out = rebuild.rebuild("demo", presets_dir=tmp_path / "presets")
     assert calls[0]["use_shipped"] is False and calls[0]["preset"] == "demo"
     manifest = shipped.read_manifest(out)
     assert manifest["sha256"] == {"model.safetensors": _sha(built / "model.safetensors"),

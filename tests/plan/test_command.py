@@ -42,3 +42,44 @@ def test_plan_refuses_what_it_does_not_model(capsys):
     assert main(["plan", "--calibrate", "resources.placement=split", "actor.dp=1", "critic.dp=1",
                  "+resources.split_procs={actor: 1, critic: 1, ref: 1, rollout: 1}"]) == 2
     assert "calibrate on a colocated synchronous config" in capsys.readouterr().err
+
+
+def test_auto_plan_chooses_before_the_run_starts(capsys):
+    """trainer.auto_plan=true: a config whose own layout does not fit its 4 processes runs the
+    fastest plan instead (shown here by the dry run, which then describes the chosen layout)."""
+    from rlframe.main import main as run_main
+
+    assert run_main(["trainer.auto_plan=true", "trainer.dry_run=true", "resources.procs_per_node=4"]) == 0
+    out = capsys.readouterr().out
+    assert "rlframe: trainer.auto_plan chose " in out and "config ppo_tiny: valid" in out
+    assert run_main(["trainer.auto_plan=true", "trainer.dry_run=true", "-cn", "sft_tiny"]) == 2
+
+
+def test_a_resumed_run_keeps_its_checkpoints_plan(tmp_path, capsys):
+    """auto_plan with a checkpoint to resume: the layout the checkpoint was written with, whatever
+    the estimate says now (a checkpoint loads into its own layout)."""
+    import json
+
+    from rlframe.config.build import to_dict
+    from rlframe.plan.command import auto_plan
+
+    cfg = load_config("ppo_tiny", ["resources.procs_per_node=4", f"trainer.output_dir={tmp_path}",
+                                   "trainer.auto_plan=true"])
+    written = dataclasses.replace(cfg, actor=dataclasses.replace(cfg.actor, strategy="megatron", dp=2, tp=2),
+                                  critic=dataclasses.replace(cfg.critic, strategy="megatron", dp=2, tp=2))
+    ckpt = tmp_path / cfg.trainer.experiment / "checkpoints" / "step_000002"
+    ckpt.mkdir(parents=True)
+    (ckpt / "trainer_state.json").write_text("{}")
+    (ckpt / "run.json").write_text(json.dumps({"run_id": "x", "identity": {}, "config": to_dict(written)}))
+    kept = auto_plan(cfg)
+    assert (kept.actor.strategy, kept.actor.dp, kept.actor.tp) == ("megatron", 2, 2)
+    assert "keeps the plan of the checkpoint it resumes" in capsys.readouterr().out
+    fresh = auto_plan(dataclasses.replace(cfg, trainer=dataclasses.replace(cfg.trainer, resume="off")))
+    assert "chose" in capsys.readouterr().out and validate(fresh)
+
+
+def test_auto_plan_reports_the_configs_own_problem(capsys):
+    from rlframe.main import main as run_main
+
+    assert run_main(["trainer.auto_plan=true", "trainer.dry_run=true", "algorithm.adv_estimator=gea"]) == 2
+    assert "algorithm.adv_estimator" in capsys.readouterr().err

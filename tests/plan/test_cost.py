@@ -134,3 +134,17 @@ def test_remax_generates_twice():
     model = CostModel(plain, dims, PURE)
     assert estimate(remax, dims, PURE).phases["gen"] == pytest.approx(
         model.generate() + model.generate(plain.data.train_batch_size))
+
+
+def test_weight_sync_by_hand():
+    """Colocated fsdp dp2 into two vLLM replicas: each rank receives the half of every tensor it does
+    not hold (the planner's bytes), in one bucket: one latency."""
+    cfg = cfg_of("ppo_tiny")
+    dims = model_dims(cfg)
+    from rlframe.resharding.formats import hf_param_shapes
+    from math import prod
+
+    total = sum(prod(s) for s in hf_param_shapes(dims).values()) * 4
+    c = dataclasses.replace(PURE, latency_s=0.01, bandwidth=1e6)
+    sync = CostModel(cfg, dims, c).weight_sync()
+    assert sync == pytest.approx(0.01 + total / 2 / 1e6, rel=0.02)  # dim-0 shards: about half of each tensor
