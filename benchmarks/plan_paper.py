@@ -47,7 +47,9 @@ def main() -> None:
 
     parts = [f"Reproduce: `python benchmarks/plan_paper.py`. Constants: {H100_ASSUMED.source}; the figures and "
              "their sources are listed with H100_ASSUMED and in docs/plan.md. Memory: the dry run's estimate "
-             "(GiB on the fullest device, of 79.19)."]
+             "(GiB on the fullest device, of 79.19). The model adds communication to compute: FSDP prefetches its "
+             "gathers behind compute on GPUs, so its estimates here are upper bounds and a speed-up over a written "
+             "FSDP plan is at most what is shown."]
     for name in CONFIGS:
         t0 = time.perf_counter()
         written = validate(load_config(name, ["trainer.dry_run=true"]))
