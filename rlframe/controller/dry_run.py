@@ -84,13 +84,11 @@ def memory_lines(cfg: RunConfig, dims: ModelDims, shapes: dict) -> list[str]:
     lines.append(row("generation phase (+ vLLM)", [d.generation_gib for d in devices]))
     if any(r.cfg.pp > 1 and r.cfg.strategy == "megatron" for r in training_roles(cfg)):
         lines.append("  (1F1B: pipeline stage k keeps the activations of pp - k micro-batches in flight)")
-    worst = max(devices, key=lambda d: d.peak_gib)
-    kv = [g for d in devices for name, g in d.generation if name.startswith("vLLM KV cache")]
-    if kv and min(kv) <= 0:
+    fits, worst, no_kv = est.verdict(devices)
+    if no_kv:
         lines.append(f"  vLLM gets no KV cache: rollout.gpu_memory_utilization * {est.device_gib:.2f} GiB does not "
                      "hold its weights and activation peak; raise gpu_memory_utilization or rollout.tp")
     if cfg.resources.use_gpu:
-        fits = worst.peak_gib <= est.device_gib and not (kv and min(kv) <= 0)
         verdict = "fits" if fits else ("does NOT fit (raise tp/pp/nodes, turn on activation_checkpointing, lower "
                                        "micro_batch_size or gpu_memory_utilization)")
         which = f"{worst.label} decides: " if len(devices) > 1 else ""

@@ -239,6 +239,14 @@ class Estimate:
             dev.training[role.name] = [self.activations_gib(role, stage)] + (
                 [self.fsdp_gathered_gib(role)] if role.cfg.strategy == "fsdp" else [])
 
+    def verdict(self, devices: list[Device]) -> tuple[bool, Device, bool]:
+        """(whether the devices hold the run, the fullest device, whether vLLM is left without a KV
+        cache): the peak within the device and a KV cache for vLLM."""
+        worst = max(devices, key=lambda d: d.peak_gib)
+        kv = [g for d in devices for name, g in d.generation if name.startswith("vLLM KV cache")]
+        no_kv = bool(kv) and min(kv) <= 0
+        return worst.peak_gib <= self.device_gib and not no_kv, worst, no_kv
+
     def devices(self) -> list[Device]:
         """A Device per distinct set of pipeline stages a colocated rank holds, or with split
         placement per group (and stage)."""

@@ -260,17 +260,14 @@ def peak_gib(cfg: RunConfig, dims: ModelDims) -> float:
 
 
 def fits(cfg: RunConfig, dims: ModelDims) -> tuple[bool, float]:
-    """(whether the fullest device holds the plan, its GiB) by the dry run's estimate, as its
-    verdict says: the peak within the device and vLLM left a KV cache."""
+    """(whether the devices hold the plan, the fullest one's GiB): the dry run's verdict."""
     from rlframe.controller.dry_run import runtime_dtype
     from rlframe.controller.memory_estimate import Estimate
     from rlframe.resharding.formats import hf_param_shapes
 
     est = Estimate(cfg, dims, hf_param_shapes(dims), runtime_dtype(cfg).itemsize)
-    devices = est.devices()
-    peak = max(d.peak_gib for d in devices)
-    kv = [g for d in devices for name, g in d.generation if name.startswith("vLLM KV cache")]
-    return peak <= est.device_gib and not (kv and min(kv) <= 0), peak
+    ok, worst, _ = est.verdict(est.devices())
+    return ok, worst.peak_gib
 
 
 def enumerate_plans(base: RunConfig, dims: ModelDims, **kw) -> Space:
