@@ -1,10 +1,11 @@
 """`rlframe plan`'s cost model against measured step times on this machine.
 
-    python benchmarks/plan_accuracy.py [--steps 6] [--no-write]
+    python benchmarks/plan_accuracy.py [--steps 6] [--rounds 3] [--no-write]
 
 Calibrates the constants once (`rlframe plan --calibrate` on configs/ppo_tiny.yaml as shipped:
-colocated, 2 processes, the demo model), then runs each plan below for --steps steps and compares
-its measured step time (median over the steps after the first) with the estimate: the tiny (demo)
+colocated, 2 processes, the demo model), then runs each plan below for --steps steps, in --rounds
+rounds that alternate the plans, and compares its measured step time (the median over the rounds of
+each run's median step after the first) with the estimate: the tiny (demo)
 and 12m presets, PPO and GRPO, 2 and 4 processes, colocated and split placement, synchronous and
 asynchronous, fsdp and megatron-core, dp / tp / pp layouts and micro-batch sizes. Reported: each
 plan's prediction and measurement, the Spearman rank correlation, the median absolute error, and
@@ -93,12 +94,13 @@ def runtime_version() -> str | None:
     return hashlib.sha256(f"{lines}|{sys.executable}|{cpu_model()}".encode()).hexdigest()[:20]
 
 
-def measured_rows(name: str, overrides: list[str], *, steps: int) -> list[dict]:
+def measured_rows(name: str, overrides: list[str], *, steps: int, round: int = 0) -> list[dict]:
     """The run's metrics rows after its first step (from RUNS when this code already ran it here)."""
     from rlframe.plan.calibrate import profile
 
     version = runtime_version()
-    path = RUNS / (hashlib.sha256(json.dumps([version, name, overrides, steps]).encode()).hexdigest()[:20] + ".json")
+    key = [version, name, overrides, steps] + ([round] if round else [])
+    path = RUNS / (hashlib.sha256(json.dumps(key).encode()).hexdigest()[:20] + ".json")
     if version is not None and path.is_file():
         return json.loads(path.read_text())
     rows = profile(name, overrides, steps=steps)
@@ -108,13 +110,13 @@ def measured_rows(name: str, overrides: list[str], *, steps: int) -> list[dict]:
     return rows
 
 
-def measure_on_hosts(steps: int) -> dict:
-    """{"link": (latency, bandwidth) between the hosts, label: metrics rows after step 1} (from RUNS
-    when this code already measured them here)."""
+def measure_on_hosts(steps: int, rounds: int) -> dict:
+    """{"link": (latency, bandwidth) between the hosts, label: [metrics rows after step 1, a list a
+    round]} (from RUNS when this code already measured them here)."""
     from rlframe.plan.calibrate import QUIET, link_constants
 
     version = runtime_version()
-    key = [version, "hosts", HOSTS, HOST_CPUS, HOST_PLANS, HOST_JOB, steps]
+    key = [version, "hosts", HOSTS, HOST_CPUS, HOST_PLANS, HOST_JOB, steps, rounds]
     path = RUNS / (hashlib.sha256(json.dumps(key).encode()).hexdigest()[:20] + ".json")
     if version is not None and path.is_file():
         saved = json.loads(path.read_text())
@@ -141,19 +143,27 @@ def measure_on_hosts(steps: int) -> dict:
             raise RuntimeError("the link probe between the hosts failed or hung")
         out["probe"] = json.loads(probe.read_text())
         cluster.start_ray()
-        for label, name, overrides in HOST_PLANS:
-            exp = f"hosts{len(out)}"
-            job = cluster.run_job(name, [*overrides, *HOST_JOB, *QUIET, f"trainer.total_steps={steps}",
-                                         f"trainer.output_dir={tmp}", f"trainer.experiment={exp}"],
-                                  run_dir=Path(tmp) / exp, env={"PYTHONPATH": str(ROOT)})
-            if job.returncode != 0:
-                raise RuntimeError(f"{label} failed:\n{job.stderr[-3000:]}")
-            rows = [json.loads(line) for line in (Path(tmp) / exp / "metrics.jsonl").read_text().splitlines() if line.strip()]
-            out[label] = [r for r in rows if r.get("step", 0) >= 2 and "timing_s/step" in r]
+        for i in range(rounds):
+            for label, name, overrides in HOST_PLANS:
+                exp = f"hosts{i}_{len(out.get(label, []))}_{HOST_PLANS.index((label, name, overrides))}"
+                job = cluster.run_job(name, [*overrides, *HOST_JOB, *QUIET, f"trainer.total_steps={steps}",
+                                             f"trainer.output_dir={tmp}", f"trainer.experiment={exp}"],
+                                      run_dir=Path(tmp) / exp, env={"PYTHONPATH": str(ROOT)})
+                if job.returncode != 0:
+                    raise RuntimeError(f"{label} failed:\n{job.stderr[-3000:]}")
+                rows = [json.loads(line) for line in (Path(tmp) / exp / "metrics.jsonl").read_text().splitlines() if line.strip()]
+                out.setdefault(label, []).append([r for r in rows if r.get("step", 0) >= 2 and "timing_s/step" in r])
     if version is not None:
         RUNS.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(out))
     return {**out, "link": link_constants({int(k): v for k, v in out["probe"].items()})}
+
+
+def row(label: str, predicted: float, runs: list[float]) -> dict:
+    measured = statistics.median(runs)
+    print(f"  {label}: estimated {predicted:.3f} s, measured {measured:.3f} s "
+          f"({min(runs):.3f}-{max(runs):.3f} over {len(runs)} runs)", flush=True)
+    return {"label": label, "predicted": predicted, "measured": measured, "runs": runs}
 
 
 def spearman(x: list[float], y: list[float]) -> float:
@@ -201,6 +211,7 @@ def plot(rows: list[dict], path: Path) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=6)
+    ap.add_argument("--rounds", type=int, default=3, help="runs of each plan, alternating: the median is reported")
     ap.add_argument("--no-write", action="store_true")
     ap.add_argument("--no-hosts", action="store_true", help="leave out the plans across network-namespace hosts")
     args = ap.parse_args()
@@ -216,18 +227,20 @@ def main() -> None:
     constants = calibrate(*CALIBRATION, log=lambda line: print("  " + line, flush=True),
                           run=lambda name, overrides: measured_rows(name, overrides, steps=4))
     print(f"calibrated in {time.perf_counter() - t0:.0f} s: {constants}", flush=True)
+    runs: dict[str, list[float]] = {}
+    for i in range(args.rounds):  # alternating: a slow minute of the machine touches every plan alike
+        for label, name, overrides in PLANS:
+            runs.setdefault(label, []).append(observed(measured_rows(name, overrides, steps=args.steps, round=i))["step"])
+            print(f"  round {i + 1}: {label}: {runs[label][-1]:.3f} s", flush=True)
     rows = []
     for label, name, overrides in PLANS:
         cfg = validate(load_config(name, overrides))
-        predicted = estimate(cfg, model_dims(cfg), constants).total
-        measured = observed(measured_rows(name, overrides, steps=args.steps))["step"]
-        rows.append({"label": label, "predicted": predicted, "measured": measured})
-        print(f"  {label}: estimated {predicted:.3f} s, measured {measured:.3f} s", flush=True)
+        rows.append(row(label, estimate(cfg, model_dims(cfg), constants).total, runs[label]))
     from rlframe.utils.netns_hosts import unavailable
 
     why_not = "left out (--no-hosts)" if args.no_hosts else unavailable()
     if not why_not:
-        hosts = measure_on_hosts(args.steps)
+        hosts = measure_on_hosts(args.steps, args.rounds)
         latency, bandwidth = hosts["link"]
         print(f"  link between hosts: {latency * 1e6:.0f} us, {bandwidth / 1e9:.2f} GB/s", flush=True)
         # the namespace hosts share this machine's cores: each host gets its share
@@ -235,18 +248,17 @@ def main() -> None:
                                      cores=constants.cores / HOSTS)
         for label, name, overrides in HOST_PLANS:
             cfg = validate(load_config(name, [*overrides, *HOST_JOB, "trainer.dry_run=true"]))  # no cluster here
-            predicted = estimate(cfg, model_dims(cfg), shared).total
-            measured = observed(hosts[label])["step"]
-            rows.append({"label": label, "predicted": predicted, "measured": measured})
-            print(f"  {label}: estimated {predicted:.3f} s, measured {measured:.3f} s", flush=True)
+            rows.append(row(label, estimate(cfg, model_dims(cfg), shared).total,
+                            [observed(r)["step"] for r in hosts[label]]))
     after = machine_state()
     errors = [abs(r["predicted"] - r["measured"]) / r["measured"] for r in rows]
     rho = spearman([r["predicted"] for r in rows], [r["measured"] for r in rows])
     chosen = min(rows, key=lambda r: r["predicted"])
     best = min(rows, key=lambda r: r["measured"])
     gap = chosen["measured"] / best["measured"] - 1
-    table = markdown_table(["#", "plan", "estimated s per step", "measured s per step", "error"],
-                           [[i, r["label"], f"{r['predicted']:.3f}", f"{r['measured']:.3f}",
+    table = markdown_table(["#", "plan", "estimated s per step", "measured s per step (min-max)", "error"],
+                           [[i, r["label"], f"{r['predicted']:.3f}",
+                             f"{r['measured']:.3f} ({min(r['runs']):.3f}-{max(r['runs']):.3f})",
                              f"{(r['predicted'] - r['measured']) / r['measured']:+.0%}"] for i, r in enumerate(rows, 1)])
     summary = (f"Spearman rank correlation {rho:.2f} (goal at least 0.8); median absolute error {statistics.median(errors):.0%} "
                f"(goal at most 25%); the plan estimated fastest ({chosen['label']}) measures {gap:+.0%} against the "
@@ -257,7 +269,8 @@ def main() -> None:
         f"{before['load1']:.1f} before, {after['load1']:.1f} after; fp32 matmul {before['gflops']:.0f} / "
         f"{after['gflops']:.0f} GFLOP/s.", "",
         f"Constants: `rlframe plan --calibrate` on {CALIBRATION[0]} as shipped ({constants.source}). Each plan ran "
-        f"{args.steps} steps once; measured = the median step time after the first step. "
+        f"{args.steps} steps in each of {args.rounds} rounds that alternate the plans; measured = the median over "
+        "the rounds of a run's median step time after its first step (the range: the rounds'). "
         + (f"Plans across hosts: {why_not}." if why_not else
            f"The last {len(HOST_PLANS)} plans run across {HOSTS} hosts made of network namespaces on this machine "
            "(docs/multinode.md), which share its cores (the model is told so: each host gets its share), with the "

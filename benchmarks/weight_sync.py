@@ -173,7 +173,8 @@ def run_fanout(preset: str, replicas: list[int], repeats: int, bucket_mb: int) -
     import torch
 
     from rlframe.data.tiny_model import build_random_model, count_parameters
-    from rlframe.utils.spawn import free_port, run_distributed
+    from rlframe.utils.ports import free_port
+    from rlframe.utils.spawn import run_distributed
 
     before = machine_state()
     with tempfile.TemporaryDirectory() as tmp:
@@ -211,13 +212,14 @@ def run(preset: str, steps: int, lr: float, replicas: int) -> str:
     import tempfile
 
     from rlframe.data.tiny_model import build_random_model, count_parameters
-    from rlframe.utils.spawn import free_port, run_distributed
+    from rlframe.utils.ports import free_ports
+    from rlframe.utils.spawn import run_distributed
 
     before = machine_state()
     print(f"load {before['load1']:.2f}, fp32 matmul {before['gflops']:.0f} GFLOP/s", flush=True)
     with tempfile.TemporaryDirectory() as tmp:
         path = str(build_random_model(Path(tmp) / preset, preset=preset, seed=0))
-        results = run_distributed(_run, world_size=1 + replicas, args=(path, steps, lr, [free_port(), free_port()]),
+        results = run_distributed(_run, world_size=1 + replicas, args=(path, steps, lr, free_ports(2)),
                                   timeout_s=3600)
     after = machine_state()
     table, mismatches = delta_rows(results)

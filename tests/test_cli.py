@@ -13,7 +13,7 @@ import pytest
 
 from rlframe import jobs
 from rlframe.cli import main
-from rlframe.jobs.cluster import free_ports
+from rlframe.utils.ports import free_ports
 from tests.jobs.test_jobs import _py, job_cluster  # noqa: F401  (the shared cluster fixture)
 
 

@@ -40,10 +40,9 @@ class WorkerHost:
         """This node's IP and a port that is free now, for rank 0 to serve the rendezvous."""
         import ray
 
-        ip = ray.util.get_node_ip_address()
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-            s.bind(("", 0))
-            return ip, s.getsockname()[1]
+        from rlframe.utils.ports import free_port
+
+        return ray.util.get_node_ip_address(), free_port("")
 
     def init_distributed(self, *, master_addr: str, master_port: int, timeout_s: float) -> None:
         import torch

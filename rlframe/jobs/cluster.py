@@ -17,31 +17,18 @@ import os
 import random
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
+from rlframe.utils.ports import free_ports
+
 # Flags of `ray start` that each open one listening port; all are set to free ports.
 _PORT_FLAGS = ("--port", "--dashboard-port", "--ray-client-server-port", "--dashboard-agent-listen-port",
                "--dashboard-agent-grpc-port", "--metrics-export-port", "--runtime-env-agent-port",
                "--node-manager-port", "--object-manager-port")
-
-
-def free_ports(n: int) -> list[int]:
-    """n distinct TCP ports that are free right now on 127.0.0.1 (held open together so they differ)."""
-    socks = []
-    try:
-        for _ in range(n):
-            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
 
 
 class LocalCluster:
@@ -117,9 +104,9 @@ def start_local_cluster(*, num_cpus: int = 16, env: dict[str, str] | None = None
         Path(temp_dir).mkdir(parents=True, exist_ok=True)
     temp_dir = temp_dir or tempfile.mkdtemp(prefix="rlf_ray_", dir="/tmp")
     ports = dict(zip(_PORT_FLAGS, free_ports(len(_PORT_FLAGS))))
-    # Worker ports: 200 from 20000-29999, below the ephemeral range (32768+) that free_ports() draws
-    # from and above Ray's default 10002-19999, so neither this cluster's other ports nor another
-    # cluster's workers collide with them.
+    # Worker ports: 200 from 20000-29999, below free_ports()' range (30000-32767) and the ephemeral
+    # range (32768+), above Ray's default 10002-19999, so neither this cluster's other ports nor
+    # another cluster's workers collide with them.
     lo = random.randrange(20000, 29800)
     cmd = [sys.executable, "-c", "import sys; from ray.scripts.scripts import main; sys.exit(main())",
            "start", "--head", "--block", "--disable-usage-stats", f"--num-cpus={num_cpus}",

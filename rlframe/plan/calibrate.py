@@ -5,10 +5,15 @@ Three kinds of measurement:
   one thread each on CPUs), best of several;
 - the links: a two-process gloo all-reduce of a small and a large tensor (latency and bandwidth);
 - the rest by fitting: the config is run for a few steps in a few colocated variants (as given,
-  half the micro-batch, twice the batch), and the phases' timers (median over the steps after the
-  first) fit the model's linear constants (the inverse efficiencies of training, forward and decode
-  passes, and the fixed costs per call, micro-batch and decode step) by least squares with
-  non-negative coefficients. The responses' mean length gives `response_fill`.
+  half the micro-batch, twice the batch, and where the engines allow it half the dp as tp), and the
+  phases' timers (median over the steps after the first) fit the model's linear constants (the
+  inverse efficiencies of training, forward and decode passes, and the fixed costs per call,
+  micro-batch, decode step and tensor-parallel collective) by least squares with non-negative
+  coefficients. The responses' mean length gives `response_fill`.
+
+The idle link probe sees a tensor-parallel collective's hops but not what each costs inside a
+training pass (DTensor dispatch, autograd, a rank waiting on the slower one): the tp profile fits
+that as `tp_call_s`; without one (a single process, or a model tp cannot split) it stays 0.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from rlframe.plan.cost import Constants, CostModel
 
 # the constants the fit sets, each with its coefficient in the model (linear in it)
 FITTED = ("train_eff", "infer_eff", "decode_eff", "call_s", "micro_s", "decode_s")
+TENSOR_PARALLEL = "tp_call_s"  # fitted too when a profile runs tensor parallelism
 INVERSE = {"train_eff", "infer_eff", "decode_eff"}  # the model divides by these: it is linear in 1 / x
 PHASES = ("gen", "ref", "old_log_prob", "values", "update_critic", "update_actor")
 QUIET = ["trainer.save_every=0", "trainer.export_hf=false", "trainer.plot=false", "trainer.resume=off",
@@ -75,13 +81,11 @@ def link_worker(rank: int, port: int, sizes: list[int], repeats: int, out: str, 
 def link(small: int = 4096, large: int = 8 << 20, repeats: int = 20) -> tuple[float, float]:
     """(latency s, bandwidth bytes/s) of one hop between two processes of this host, from a gloo
     all-reduce of `small` and `large` bytes (2 processes: 2 hops, each moving half the bytes)."""
-    import socket
-
     import torch.multiprocessing as mp
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    from rlframe.utils.ports import free_port
+
+    port = free_port()
     with tempfile.TemporaryDirectory() as tmp:
         out = str(Path(tmp) / "link.json")
         mp.start_processes(link_worker, args=(port, [small, large], repeats, out), nprocs=2, start_method="spawn")
@@ -99,13 +103,30 @@ def link_constants(times: dict[int, float]) -> tuple[float, float]:
 
 
 def variants(cfg) -> list[list[str]]:
-    """The profiled runs: the config as given, half its micro-batches (counted by rows), twice its batch."""
+    """The profiled runs: the config as given, half its micro-batches (counted by rows), twice its
+    batch, and its trained roles with half the dp as tp where the engines build that."""
     def half(role: str) -> list[str]:
         r = getattr(cfg, role)
         rows = r.micro_batch_size or r.mini_batch_size // (r.dp * r.sp)
         return [f"{role}.micro_batch_size={max(1, rows // 2)}", f"{role}.max_tokens_per_micro_batch=null"]
 
-    return [[], [*half("actor"), *half("critic")], [f"data.train_batch_size={cfg.data.train_batch_size * 2}"]]
+    out = [[], [*half("actor"), *half("critic")], [f"data.train_batch_size={cfg.data.train_batch_size * 2}"]]
+    tp = tensor_parallel_variant(cfg)
+    return out + [tp] if tp else out
+
+
+def tensor_parallel_variant(cfg) -> list[str]:
+    """Overrides moving a factor 2 of each trained role's dp to tp, or [] where an engine refuses it."""
+    from rlframe.controller.dry_run import model_dims
+    from rlframe.plan.space import model_type_of, engine_accepts
+
+    dims, out = model_dims(cfg), []
+    for name in ("actor", "critic") if cfg.uses_critic else ("actor",):
+        r = getattr(cfg, name)
+        if r.dp % 2 or r.sp > 1 or not engine_accepts(r.strategy, r.tp * 2, r.pp, dims, model_type_of(cfg)):
+            return []
+        out += [f"{name}.dp={r.dp // 2}", f"{name}.tp={r.tp * 2}"]
+    return out
 
 
 def check_profilable(cfg) -> None:
@@ -180,28 +201,30 @@ def nnls(a, y):
 
 
 def fit(samples: list[tuple[object, dict[str, float]]], dims, base: Constants) -> tuple[Constants, float]:
-    """Least squares with non-negative coefficients of the FITTED constants over (config, observed
-    phases) pairs; the model is linear in them (compute / efficiency, fixed costs times counts).
-    Returns the constants and the median relative error of the fitted phases."""
+    """Least squares with non-negative coefficients of the FITTED constants (and `tp_call_s` when a
+    sample runs tensor parallelism) over (config, observed phases) pairs; the model is linear in them
+    (compute / efficiency, fixed costs times counts). Returns the constants and the median relative
+    error of the fitted phases."""
     import numpy as np
 
     def phases(cfg, x: dict[str, float]) -> dict[str, float]:
         return CostModel(cfg, dims, with_coefficients(base, x)).step().phases
 
-    zero = {k: 0.0 for k in FITTED}
+    names = FITTED + ((TENSOR_PARALLEL,) if any(max(cfg.actor.tp, cfg.critic.tp) > 1 for cfg, _ in samples) else ())
+    zero = {k: 0.0 for k in names}
     rows, target = [], []
     for cfg, seen in samples:
         at0 = phases(cfg, zero)
-        cols = {k: phases(cfg, {**zero, k: 1.0}) for k in FITTED}
+        cols = {k: phases(cfg, {**zero, k: 1.0}) for k in names}
         for p in PHASES:
             if seen.get(p, 0.0) > 0 and p in at0:  # a phase the run has (a zero timer: it waited on none)
                 w = 1.0 / max(seen[p], 1e-3)  # relative errors: every phase counts alike
-                rows.append([(cols[k][p] - at0[p]) * w for k in FITTED])
+                rows.append([(cols[k][p] - at0[p]) * w for k in names])
                 target.append((seen[p] - at0[p]) * w)
     coef = nnls(np.array(rows), np.array(target))
     # an efficiency whose coefficient is 0 was not identified (its compute would be free): keep base's
-    coef = [c if (c > 0 or k not in INVERSE) else 1.0 / getattr(base, k) for k, c in zip(FITTED, coef.tolist())]
-    fitted = with_coefficients(base, dict(zip(FITTED, coef)))
+    coef = [c if (c > 0 or k not in INVERSE) else 1.0 / getattr(base, k) for k, c in zip(names, coef.tolist())]
+    fitted = with_coefficients(base, dict(zip(names, coef)))
     errors = [abs(CostModel(cfg, dims, fitted).step().phases[p] - seen[p]) / seen[p]
               for cfg, seen in samples for p in PHASES if p in seen and seen[p] > 0]
     return fitted, statistics.median(errors) if errors else float("nan")

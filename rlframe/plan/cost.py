@@ -47,6 +47,7 @@ class Constants:
     micro_s: float = 0.005        # per micro-batch per rank: python, kernel launches
     decode_s: float = 0.002       # per decode step per replica: scheduling, sampling
     latency_s: float = 1e-4       # per collective hop between processes of one host
+    tp_call_s: float = 0.0        # per tensor-parallel collective beyond its hops: dispatch (DTensor, autograd)
     bandwidth: float = 2e9        # bytes/s a process moves to another on one host
     net_latency_s: float = 1e-3   # likewise between hosts
     net_bandwidth: float = 1e9
@@ -137,7 +138,7 @@ class CostModel:
         if role.tp <= 1:
             return 0.0
         layers = self.dims.num_layers / role.pp
-        return per_layer * layers * self.ring(rows * self.seq * self.dims.hidden_size * self.b, role.tp)
+        return per_layer * layers * (self.c.tp_call_s + self.ring(rows * self.seq * self.dims.hidden_size * self.b, role.tp))
 
     def _pass(self, role: TrainRoleConfig, *, head: str, train: bool) -> float:
         """One pass over the step's samples by a role's group (per rank: its dp share, its tp/pp slice)."""

@@ -182,7 +182,7 @@ def _role_choices(cfg: RunConfig, name: str, n: int, dims: ModelDims, strategies
     if layout and role.lora_rank > 0 and layout[0] != "fsdp":
         return []
     for lay in [layout] if layout else layouts(n, dims, strategies=strategies, lora=role.lora_rank > 0,
-                                               model_type=_model_type(cfg)):
+                                               model_type=model_type_of(cfg)):
         dp = lay[1]
         if samples % dp or role.mini_batch_size % dp:
             continue
@@ -195,7 +195,7 @@ def _layout_of(settings: list[tuple[str, Any]]) -> tuple[str, int, int, int]:
     return v["strategy"], v["dp"], v["tp"], v["pp"]
 
 
-def _model_type(cfg: RunConfig) -> str:
+def model_type_of(cfg: RunConfig) -> str:
     from rlframe.controller.dry_run import model_config
 
     return str(model_config(cfg).get("model_type", ""))

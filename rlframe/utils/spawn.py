@@ -13,21 +13,19 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 import queue
-import socket
 import time
 import traceback
 from typing import Any, Callable, Sequence
+
+from rlframe.utils.ports import free_port
 
 
 class DistributedRunError(RuntimeError):
     """A rank raised, died or timed out inside `run_distributed`."""
 
 
-def free_port() -> int:
-    """A TCP port that was free a moment ago on localhost (for MASTER_PORT)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+_PORT_TAKEN = "port taken"
+_LAUNCHES = 3  # launches on fresh ports before a taken rendezvous port is an error
 
 
 def _entry(fn, rank, world_size, port, args, env, results, backend="gloo"):
@@ -42,7 +40,13 @@ def _entry(fn, rank, world_size, port, args, env, results, backend="gloo"):
     # Several ranks share two cores: one intra-op thread each avoids oversubscription.
     torch.set_num_threads(int(env.get("RLFRAME_THREADS_PER_RANK", "1")))
     try:
-        dist.init_process_group(backend, rank=rank, world_size=world_size)
+        try:
+            dist.init_process_group(backend, rank=rank, world_size=world_size)
+        except Exception as e:
+            if "EADDRINUSE" in str(e):  # the rendezvous port was taken after it was drawn: run again
+                results.put((rank, _PORT_TAKEN, traceback.format_exc()))
+                return
+            raise
         out = fn(rank, world_size, *args)
         results.put((rank, True, out))
     except BaseException:  # report every failure, including KeyboardInterrupt in a child
@@ -65,11 +69,25 @@ def run_distributed(
 
     `fn` must be importable by name (a module-level function), since processes are spawned.
     """
+    for launch in range(_LAUNCHES):
+        try:
+            return _run_once(fn, world_size, tuple(args), timeout_s, dict(env or {}), backend)
+        except _PortTaken as e:
+            if launch == _LAUNCHES - 1:
+                raise DistributedRunError(f"the rendezvous port was taken on {_LAUNCHES} launches:\n{e}") from None
+    raise AssertionError("unreachable")
+
+
+class _PortTaken(Exception):
+    pass
+
+
+def _run_once(fn, world_size: int, args: tuple, timeout_s: float, env: dict, backend: str) -> list[Any]:
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
     port = free_port()
     procs = [
-        ctx.Process(target=_entry, args=(fn, r, world_size, port, tuple(args), dict(env or {}), results, backend))
+        ctx.Process(target=_entry, args=(fn, r, world_size, port, args, env, results, backend))
         for r in range(world_size)
     ]
     for p in procs:
@@ -92,6 +110,10 @@ def run_distributed(
                         "(a hang in a collective, usually because another rank took a different path)"
                     ) from None
                 continue
+            if ok == _PORT_TAKEN:
+                for p in procs:  # the other ranks wait on a rendezvous that will not come
+                    p.kill()
+                raise _PortTaken(payload)
             if not ok:
                 raise DistributedRunError(f"rank {rank} of {world_size} raised:\n{payload}")
             outs[rank] = payload

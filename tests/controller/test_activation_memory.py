@@ -14,7 +14,7 @@ import torch
 
 from rlframe.controller.activation_memory import head_bytes, layer_bytes, layer_input_bytes, micro_batch_bytes
 from rlframe.resharding.formats import ModelDims
-from rlframe.utils.spawn import free_port
+from rlframe.utils.ports import free_port
 
 TOKENS = 96
 SHAPE = dict(vocab_size=64, hidden_size=64, intermediate_size=160, num_attention_heads=4, num_key_value_heads=2,

@@ -21,7 +21,7 @@ import pytest
 
 from rlframe import jobs
 from rlframe.jobs.auth import find_token, resolve_address
-from rlframe.jobs.cluster import free_ports
+from rlframe.utils.ports import free_ports
 
 _CLUSTER: dict = {}
 

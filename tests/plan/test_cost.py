@@ -8,7 +8,7 @@ import pytest
 
 from rlframe.config import load_config
 from rlframe.controller.dry_run import model_dims
-from rlframe.plan.calibrate import FITTED, fit
+from rlframe.plan.calibrate import FITTED, TENSOR_PARALLEL, fit, tensor_parallel_variant
 from rlframe.plan.cost import Constants, CostModel, estimate, flops_per_token, matmul_params, ring_seconds
 
 # no fixed costs, no links: what remains is compute, which the hand computations below follow
@@ -85,17 +85,22 @@ def test_asynchronous_overlap():
 def test_the_fit_recovers_the_constants():
     """Phase times made by the model with known constants: the fit finds those constants."""
     truth = dataclasses.replace(PURE, flops=50e9, train_eff=0.25, infer_eff=0.4, decode_eff=0.02, call_s=0.03,
-                                micro_s=0.004, decode_s=0.003, latency_s=1e-4, bandwidth=1e9)
+                                micro_s=0.004, decode_s=0.003, latency_s=1e-4, bandwidth=1e9, tp_call_s=2e-3)
     samples = []
     for overrides in ([], ["actor.micro_batch_size=8", "critic.micro_batch_size=8"], ["data.train_batch_size=256"],
-                      ["resources.procs_per_node=4", "actor.dp=4", "critic.dp=4"]):
+                      ["resources.procs_per_node=4", "actor.dp=4", "critic.dp=4"],
+                      tensor_parallel_variant(cfg_of("ppo_tiny"))):
         cfg = cfg_of("ppo_tiny", *overrides)
         samples.append((cfg, estimate(cfg, model_dims(cfg), truth).phases))
-    start = dataclasses.replace(truth, **{k: 1.0 for k in FITTED})
+    assert samples[-1][0].actor.tp == samples[-1][0].critic.tp == 2
+    start = dataclasses.replace(truth, **{k: 1.0 for k in (*FITTED, TENSOR_PARALLEL)})
     fitted, err = fit(samples, model_dims(samples[0][0]), start)
     assert err < 1e-6
-    for k in FITTED:
+    for k in (*FITTED, TENSOR_PARALLEL):
         assert getattr(fitted, k) == pytest.approx(getattr(truth, k), rel=1e-6), k
+    # without a tensor-parallel profile tp_call_s is not fitted: it keeps its given value
+    fitted, _ = fit(samples[:-1], model_dims(samples[0][0]), start)
+    assert fitted.tp_call_s == 1.0
 
 
 def test_nnls_against_brute_force():

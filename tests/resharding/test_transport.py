@@ -13,7 +13,8 @@ import torch
 from rlframe.resharding.executor import assemble, execute_plan
 from rlframe.resharding.layout import Layout
 from rlframe.resharding.planner import plan_reshard
-from rlframe.utils.spawn import free_port, run_distributed
+from rlframe.utils.ports import free_port, free_ports
+from rlframe.utils.spawn import run_distributed
 from tests.resharding.pairs import DIMS, full_weights, metas
 
 SRC = Layout(tp=1, dp=2, fsdp=True, ranks=(0, 1))
@@ -124,7 +125,7 @@ def _run(rank, world, ports, directory):
 
 
 def test_every_transport_moves_the_same_bytes(tmp_path):
-    ports = [free_port() for _ in range(len(KINDS) + 1)]  # the last for the nccl attempt
+    ports = free_ports(len(KINDS) + 1)  # the last for the nccl attempt
     results = run_distributed(_run, world_size=4, args=(ports, str(tmp_path)), timeout_s=240)
     for rank, res in enumerate(results):
         assert all(res[k] for k in KINDS), (rank, res)
