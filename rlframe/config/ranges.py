@@ -48,6 +48,9 @@ POSITIVE_INT = at_least(1)
 LR_SCHEDULES = ("constant", "cosine")
 PRECISIONS = ("auto", "fp32", "bf16")
 WEIGHT_TRANSPORTS = ("auto", "gloo", "shm", "file", "nccl")  # rlframe/resharding/transport.py
+# rlframe/algos/rollout_correction.py: the methods, and the [low, high] band of those that mask
+OFF_POLICY_CORRECTIONS = ("none", "behaviour", "tis", "seq_tis", "icepop", "seq_mask_tis", "mis")
+CORRECTION_BANDS = {"icepop": (0.5, 5.0), "seq_mask_tis": (0.5, 2.0), "mis": (0.5, 2.0)}
 
 _TRAIN_ROLE = {
     "dp": POSITIVE_INT, "tp": POSITIVE_INT, "pp": POSITIVE_INT, "sp": POSITIVE_INT, "cp": POSITIVE_INT,
@@ -135,6 +138,9 @@ RANGES: dict[str, Rule] = {
     "agent.concurrency": at_least(0, " (episodes at once, 0 all of a rollout's, agent.mode=openai)"),
     "agent.episode_timeout_s": above(0, " (seconds an episode may take, agent.mode=openai)"),
     "algorithm.tis_cap": at_least(1.0, " (the largest importance weight kept)"),
+    "algorithm.mask_low": above(0, " (ratios below it are masked; null: the method's default)"),
+    "algorithm.mask_high": above(0, " (ratios above it are masked; null: the method's default)"),
+    "algorithm.rejection_kl": above(0, " (the largest mean per-token KL a response may have; null: off)"),
 }
 
 
@@ -154,7 +160,7 @@ def _choices() -> dict[str, tuple]:
             "agent.mode": ("tools", "openai"),
             "reward.ensemble": ("mean", "min"),
             "resources.placement": ("colocated", "split"), "trainer.loggers": SINKS,
-            "algorithm.off_policy_correction": ("none", "behaviour", "tis")}
+            "algorithm.off_policy_correction": OFF_POLICY_CORRECTIONS}
 
 
 def lookup(cfg: RunConfig, key: str):

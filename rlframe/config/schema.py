@@ -78,11 +78,17 @@ class AlgorithmConfig:
     overlong_penalty_factor: float = 1.0
     dpo_beta: float = 0.1  # online DPO
     # Off-policy correction for rollouts older than the weights being trained (trainer.max_staleness
-    # > 0): none (PPO's ratio against the current weights' log-probs), behaviour (PPO's ratio against
-    # the rollout engine's own log-probs), tis (none, with each token's advantage weighted by the
-    # truncated importance weight min(pi_old / pi_behaviour, tis_cap)).
+    # > 0 or rollout.partial_budget > 0): none (PPO's ratio against the current weights' log-probs),
+    # behaviour (PPO's ratio against the rollout engine's own log-probs), tis (decoupled PPO: each
+    # token's advantage weighted by min(pi_old / pi_behaviour, tis_cap)), seq_tis (the response's
+    # product of ratios, truncated), icepop (tokens whose ratio is outside [mask_low, mask_high]
+    # masked, the rest weighted by it), seq_mask_tis (tis, and responses whose geometric-mean ratio is
+    # outside the band masked), mis (that mask alone). rlframe/algos/rollout_correction.py.
     off_policy_correction: str = "none"
     tis_cap: float = 2.0
+    mask_low: float | None = None  # the band the masking methods keep; null: the method's default
+    mask_high: float | None = None
+    rejection_kl: float | None = None  # mask responses whose mean k3 KL(behaviour -> old) exceeds this; null: off
 
 
 @dataclass

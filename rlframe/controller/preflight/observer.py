@@ -56,8 +56,7 @@ class PreflightObserver:
             counts = checks.duplicate_counts(batch)
             self.add(step, checks.duplicate_samples(counts, temperature=cfg.rollout.temperature))
             self.duplicates = {k: self.duplicates.get(k, 0.0) + v for k, v in counts.items()}
-        tis = phases.off_policy(cfg) and cfg.algorithm.off_policy_correction == "tis"
-        if "advantages" in batch.batch.keys() and not tis:
+        if "advantages" in batch.batch.keys() and not phases.reweights(cfg):
             self.add(step, checks.group_zero_mean(batch, estimator=cfg.algorithm.adv_estimator))
         self.add(step, self._reward_repeats(trainer, batch))
         self.add(step, checks.nothing_after_end(batch, end_ids=trainer.end_ids))

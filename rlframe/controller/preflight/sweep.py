@@ -29,6 +29,8 @@ FACTORS: dict[str, tuple] = {
     "recompute": ("off", "on"),  # activation_checkpointing of the trained roles
     "sync": ("full", "delta"),  # rollout.weight_sync (delta: every 2nd sync full)
     "fanout": ("direct", "chain"),  # rollout.weight_fanout (split placement, 2 generation replicas)
+    # algorithm.off_policy_correction of off-policy rows (async or partial); kl: mis with rejection_kl
+    "correction": ("none", "icepop", "kl"),
 }
 DEFAULTS = {k: v[0] for k, v in FACTORS.items()}
 # the worked example of agent.mode=openai (docs/agents.md), from the repository
@@ -46,7 +48,8 @@ def valid(row: dict) -> bool:
                 or (row["strategy"] == "megatron" and (row["lora"] != "off" or row["layout"] == "sp2"))
                 or (row["agent"] != "off" and row["partial"] == "on")
                 or (row["async"] and (row["partial"] == "on" or row["agent"] != "off"))
-                or (row["fanout"] == "chain" and (row["placement"] != "split" or row["replicas"] != 2)))
+                or (row["fanout"] == "chain" and (row["placement"] != "split" or row["replicas"] != 2))
+                or (row["correction"] != "none" and not (row["async"] or row["partial"] == "on")))
 
 
 def _pairs(row: dict) -> set:
@@ -106,6 +109,10 @@ def config_for(row: dict) -> tuple[str, list[str]]:
         o += ["rollout.weight_sync=delta", "rollout.delta_full_every=2"]
     if row["fanout"] == "chain":
         o.append("rollout.weight_fanout=chain")
+    if row["correction"] == "icepop":
+        o.append("algorithm.off_policy_correction=icepop")
+    elif row["correction"] == "kl":
+        o += ["algorithm.off_policy_correction=mis", "algorithm.rejection_kl=0.05"]
     return name, o
 
 

@@ -11,6 +11,7 @@ from dataclasses import asdict
 import numpy as np
 import torch
 
+from rlframe.algos import rollout_correction
 from rlframe.algos.dapo import overlong_reward_penalty
 from rlframe.algos.dataproto_glue import apply_kl_penalty_to_batch, compute_advantage
 from rlframe.config.schema import RunConfig
@@ -215,22 +216,45 @@ def needs_old_log_probs(cfg: RunConfig, *, rows: int) -> bool:
 
 
 def off_policy_correction(batch: DataProto, *, cfg: RunConfig) -> tuple[DataProto, dict]:
-    """Rollouts from older weights (asynchronous training). `behaviour`: the PPO ratio is taken
-    against the rollout engine's log-probs (the trainer made them `old_log_probs`). `tis`: each token's
-    advantage is weighted by min(pi_old / pi_behaviour, tis_cap) (truncated importance sampling;
-    a positive weight on the advantage weights PPO's clipped term alike). `none`: neither. Metrics:
-    the importance weights' mean and max over response tokens and the fraction the cap clipped."""
+    """Rollouts from older weights (asynchronous training, partial rollouts). `behaviour`: the PPO
+    ratio is taken against the rollout engine's log-probs (the trainer made them `old_log_probs`);
+    the other methods weight the advantages by importance ratios pi_old / pi_behaviour and mask
+    tokens or responses (rlframe/algos/rollout_correction.py). A mask goes to the batch as
+    `kept_mask`, which only the actor's update applies (`for_actor`). Metrics: the weights' mean
+    and max over response tokens, what was truncated and masked."""
     alg, b = cfg.algorithm, batch.batch
-    mask = b["response_mask"].bool()
     if alg.off_policy_correction == "behaviour":  # old_log_probs are the rollout's already
         return batch, {}
-    w = torch.exp(b["old_log_probs"] - b["rollout_log_probs"])
-    m = {"async/is_weight_mean": float(w[mask].mean()) if mask.any() else 1.0,
-         "async/is_weight_max": float(w[mask].max()) if mask.any() else 1.0}
-    if alg.off_policy_correction == "tis":
-        m["async/is_clipped_frac"] = float((w[mask] > alg.tis_cap).float().mean()) if mask.any() else 0.0
-        b["advantages"] = b["advantages"] * torch.clamp(w, max=alg.tis_cap) * mask
+    adv, keep, m = rollout_correction.correct(
+        b["old_log_probs"], b["rollout_log_probs"], b["advantages"], b["response_mask"],
+        method=alg.off_policy_correction, tis_cap=alg.tis_cap, low=alg.mask_low, high=alg.mask_high,
+        rejection_kl=alg.rejection_kl)
+    b["advantages"] = adv
+    if masks(cfg):
+        b["kept_mask"] = keep
     return batch, m
+
+
+def reweights(cfg: RunConfig) -> bool:
+    """Whether the off-policy correction changes the advantages (weights or masks them)."""
+    alg = cfg.algorithm
+    return off_policy(cfg) and (alg.off_policy_correction not in ("none", "behaviour") or alg.rejection_kl is not None)
+
+
+def masks(cfg: RunConfig) -> bool:
+    """Whether the off-policy correction can drop tokens from the actor's update."""
+    alg = cfg.algorithm
+    return off_policy(cfg) and (alg.off_policy_correction in rollout_correction.MASKING or alg.rejection_kl is not None)
+
+
+def for_actor(batch: DataProto) -> DataProto:
+    """The batch the actor's update gets: with the correction's masked tokens out of `response_mask`
+    (a shallow copy; the critic, metrics and dumps keep the full mask)."""
+    if "kept_mask" not in batch.batch.keys():
+        return batch
+    out = batch.select()
+    out.batch["response_mask"] = batch.batch["kept_mask"]
+    return out
 
 
 def reference_kl(batch: DataProto) -> dict:

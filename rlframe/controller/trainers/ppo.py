@@ -184,7 +184,7 @@ class PPOTrainer:
             if self.roles.critic is not None:
                 updates["update_critic"] = self.roles.critic.update_critic(batch, blocking=False)
             if self.step > self.cfg.trainer.critic_warmup:  # critic warm-up: the value head learns first
-                updates["update_actor"] = self.roles.actor.update_actor(batch, blocking=False)
+                updates["update_actor"] = self.roles.actor.update_actor(phases.for_actor(batch), blocking=False)
             self.generations.train(self.step, batch)  # trainer.rollout_dump_every, while the workers update
             for _, out in phases.wait_in_order(updates, t):
                 m.update(gathered(out))

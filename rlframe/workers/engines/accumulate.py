@@ -40,8 +40,8 @@ def micro_batch_weights(mbs: list[MicroBatch], loss_weighting: str, *, dp: int, 
     total = torch.tensor([sum(units)], dtype=torch.float64, device=device)
     if dp > 1:
         dist.all_reduce(total, group=dp_group)
-    if float(total) <= 0:
-        raise ValueError(f"loss_weighting={loss_weighting!r}: the batch has no response tokens/samples to weight")
+    if float(total) <= 0:  # every token masked by the off-policy correction: no gradient
+        return [0.0 for _ in units]
     return [u * dp / float(total) for u in units]
 
 
@@ -59,9 +59,9 @@ def attach_global_counts(mbs: list[MicroBatch], *, dp: int, dp_group, device: to
     local = local.to(device)
     if dp > 1:
         dist.all_reduce(local, group=dp_group)
-    tokens, seqs = (float(v) for v in local.cpu())
-    if tokens <= 0:
-        raise ValueError("loss_weighting='global': the mini-batch has no response tokens to normalise by")
+    # no valid token anywhere: the off-policy correction masked the whole mini-batch (a response has
+    # at least one token); its losses are sums over no token, 0, and so is its gradient
+    tokens, seqs = (max(float(v), 1.0) for v in local.cpu())
     for mb in mbs:
         mb.data["global_token_count"] = torch.tensor(tokens, dtype=torch.float32, device=device)
         mb.data["global_seq_count"] = torch.tensor(seqs, dtype=torch.float32, device=device)

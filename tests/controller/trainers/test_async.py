@@ -1,6 +1,6 @@
 """Asynchronous training (trainer.max_staleness=1, split placement) on real Ray, vLLM and gloo:
 generation of batch t+1 runs while step t trains (wall-clock timestamps from both groups), no
-batch is staler than k, and a checkpoint taken with a batch in flight resumes without losing or
+batch is staler than k (seq_mask_tis with a KL bound corrects it), and a checkpoint taken with a batch in flight resumes without losing or
 repeating one. The first run is traced and serves /metrics (trainer.trace, trainer.prometheus_port):
 its timeline holds every call once per rank inside its step and shows the overlap, and a scrape
 during the run sees the latest step."""
@@ -19,7 +19,8 @@ from tests.controller.trainers.test_end_to_end import run
 
 ASYNC = ["data.train_batch_size=16", "resources.placement=split", "actor.dp=1", "critic.dp=1",
          "+resources.split_procs={actor: 1, rollout: 1}", "trainer.max_staleness=1", "trainer.val_every=0",
-         "trainer.total_steps=4", "trainer.save_every=2", "algorithm.off_policy_correction=tis"]
+         "trainer.total_steps=4", "trainer.save_every=2", "algorithm.off_policy_correction=seq_mask_tis",
+         "algorithm.rejection_kl=0.05"]
 
 
 def _rows(summary):
@@ -115,6 +116,10 @@ def test_async_overlaps_generation_with_training_and_resumes(tmp_path, ray_clust
     for t in (2, 3, 4):
         assert rows[t]["async/policy_version"] == t - 2
         assert 0.0 < rows[t]["async/is_weight_mean"] and 0.0 <= rows[t]["async/is_clipped_frac"] <= 1.0
+        # seq_mask_tis with rejection_kl: responses outside the band or over the KL bound leave the update
+        assert 0.0 <= rows[t]["async/kl_rejected_frac"] <= rows[t]["async/masked_seq_frac"] <= 1.0
+        assert 0.0 <= rows[t]["async/masked_token_frac"] <= 1.0
+        assert (rows[t]["async/masked_seq_frac"] > 0) == (rows[t]["async/masked_token_frac"] > 0)
     # batch t+1 starts generating before step t's training ends, and their intervals overlap
     for t in (1, 2, 3):
         assert rows[t + 1]["async/gen_start_unix"] < rows[t]["async/train_end_unix"], t
