@@ -32,6 +32,9 @@ from rlframe.config.ranges import CORRECTION_BANDS as BANDS  # [low, high] when 
 from rlframe.config.ranges import OFF_POLICY_CORRECTIONS as METHODS
 
 MASKING = tuple(BANDS)  # drop tokens or responses outside [low, high]
+# meta_info flag of the batch the actor's update gets with dropped tokens out of its response_mask:
+# a mini-batch left with none is skipped (no optimizer step) instead of being an error
+CORRECTION_MASKED = "correction_masked"
 LOG_BOUND = 20.0
 
 

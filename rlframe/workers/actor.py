@@ -16,6 +16,7 @@ serves base + adapter. The reference policy is this worker's own model with the 
 from __future__ import annotations
 
 from rlframe.algos.registry import resolve_loss_agg_mode
+from rlframe.algos.rollout_correction import CORRECTION_MASKED
 
 from rlframe.config.schema import AlgorithmConfig, RolloutSection, TrainRoleConfig
 from rlframe.controller import Dispatch, Mesh, register
@@ -230,7 +231,8 @@ class ActorWorker(TrainedRole):
                                 on_policy=on_policy)
         agg_mode = resolve_loss_agg_mode(policy_loss=self.algo.policy_loss, loss_agg_mode=self.algo.loss_agg_mode)
         return self.run_epochs(data, loss_fn, prefix="actor", loss_weighting=RL_LOSS_WEIGHTING,
-                               temperature=temperature, with_entropy=True)
+                               temperature=temperature, with_entropy=True,
+                               allow_empty=bool(data.meta_info.get(CORRECTION_MASKED)))
 
     def _update_dpo(self, data: DataProto, *, temperature: float) -> DataProto:
         """DPO keeps (chosen, rejected) rows adjacent: no shuffling, each mini-batch one micro-batch

@@ -28,7 +28,11 @@ class TrainedRole(Worker):
                 m = self.engine.train_step(loss_fn, mb, loss_weighting=loss_weighting, **step_kwargs)
                 rows.append(prefixed(m, prefix))
         self.after_update()
-        metrics = mean_metrics(rows)
+        # a mini-batch skipped for having no token left (allow_empty) is counted, not averaged in
+        empty = sum(1 for r in rows if r.get(f"{prefix}/empty"))
+        metrics = mean_metrics([r for r in rows if not r.get(f"{prefix}/empty")] or rows)
+        if empty:
+            metrics[f"{prefix}/empty"] = float(empty)
         if data.meta_info.get("first_minibatch_metrics") and rows:  # preflight: the first step's own values
             metrics.update({k.replace("/", "/first_mb_", 1): v for k, v in rows[0].items()})
         return metrics_only(metrics, self.rank_info().dp_rank)

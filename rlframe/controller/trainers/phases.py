@@ -254,6 +254,7 @@ def for_actor(batch: DataProto) -> DataProto:
         return batch
     out = batch.select()
     out.batch["response_mask"] = batch.batch["kept_mask"]
+    out.meta_info[rollout_correction.CORRECTION_MASKED] = True  # a mini-batch left empty is skipped
     return out
 
 

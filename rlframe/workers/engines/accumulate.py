@@ -23,14 +23,17 @@ TOKEN_STATS = ("tokens_valid", "tokens_computed", "tokens_padded")
 
 
 def micro_batch_weights(mbs: list[MicroBatch], loss_weighting: str, *, dp: int, dp_group,
-                        device: torch.device) -> list[float]:
-    """Per micro-batch loss multipliers; with the backend's dp average they give one global mean."""
+                        device: torch.device, allow_empty: bool = False) -> list[float] | None:
+    """Per micro-batch loss multipliers; with the backend's dp average they give one global mean.
+    A mini-batch without a response token on any dp rank is an error, or, with `allow_empty` (an
+    off-policy correction dropped every token of it), None: the caller skips the step."""
     if loss_weighting not in LOSS_WEIGHTINGS:
         raise ValueError(f"loss_weighting {loss_weighting!r} is unknown; use one of {LOSS_WEIGHTINGS}")
     if loss_weighting == "none":
         return [dp * mb.weight_scale for mb in mbs]
     if loss_weighting == "global":
-        attach_global_counts(mbs, dp=dp, dp_group=dp_group, device=device)
+        if not attach_global_counts(mbs, dp=dp, dp_group=dp_group, device=device, allow_empty=allow_empty):
+            return None
         return [dp * mb.weight_scale for mb in mbs]
     if loss_weighting == "tokens":
         require_keys(mbs[0].data, ("response_mask",), what="loss_weighting='tokens'")
@@ -40,16 +43,20 @@ def micro_batch_weights(mbs: list[MicroBatch], loss_weighting: str, *, dp: int, 
     total = torch.tensor([sum(units)], dtype=torch.float64, device=device)
     if dp > 1:
         dist.all_reduce(total, group=dp_group)
-    if float(total) <= 0:  # every token masked by the off-policy correction: no gradient
-        return [0.0 for _ in units]
+    if float(total) <= 0:
+        if allow_empty:
+            return None
+        raise ValueError(f"loss_weighting={loss_weighting!r}: the batch has no response tokens/samples to weight")
     return [u * dp / float(total) for u in units]
 
 
-def attach_global_counts(mbs: list[MicroBatch], *, dp: int, dp_group, device: torch.device) -> None:
+def attach_global_counts(mbs: list[MicroBatch], *, dp: int, dp_group, device: torch.device,
+                         allow_empty: bool = False) -> bool:
     """Put the mini-batch's valid response tokens and non-empty rows, over every micro-batch of every
     dp rank (padding micro-batches excluded), into each micro-batch as 0-d tensors
     `global_token_count` and `global_seq_count`: a loss normalised by them, summed over the
-    micro-batches, is the loss of the whole mini-batch computed at once (loss_weighting "global")."""
+    micro-batches, is the loss of the whole mini-batch computed at once (loss_weighting "global").
+    False when there is no token (allowed with `allow_empty`, else an error)."""
     require_keys(mbs[0].data, ("response_mask",), what="loss_weighting='global'")
     local = torch.zeros(2, dtype=torch.float64)
     for mb in mbs:
@@ -59,12 +66,21 @@ def attach_global_counts(mbs: list[MicroBatch], *, dp: int, dp_group, device: to
     local = local.to(device)
     if dp > 1:
         dist.all_reduce(local, group=dp_group)
-    # no valid token anywhere: the off-policy correction masked the whole mini-batch (a response has
-    # at least one token); its losses are sums over no token, 0, and so is its gradient
-    tokens, seqs = (max(float(v), 1.0) for v in local.cpu())
+    tokens, seqs = (float(v) for v in local.cpu())
+    if tokens <= 0:
+        if allow_empty:
+            return False
+        raise ValueError("loss_weighting='global': the mini-batch has no response tokens to normalise by")
     for mb in mbs:
         mb.data["global_token_count"] = torch.tensor(tokens, dtype=torch.float32, device=device)
         mb.data["global_seq_count"] = torch.tensor(seqs, dtype=torch.float32, device=device)
+    return True
+
+
+def empty_step(lr: float) -> dict[str, float]:
+    """What `train_step` reports for a mini-batch it skipped (`allow_empty`, no token left): no
+    gradient, no optimizer or scheduler step (AdamW would still move the weights by its moments)."""
+    return {"grad_norm": 0.0, "lr": lr, "skipped": 0.0, "empty": 1.0}
 
 
 def check_scalar_loss(loss) -> None:

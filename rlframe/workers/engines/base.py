@@ -161,8 +161,11 @@ class TrainEngine(abc.ABC):
 
     @abc.abstractmethod
     def train_step(self, loss_fn: LossFn, micro_batches, *, temperature: float = 1.0,
-                   loss_weighting: str = "tokens", with_entropy: bool = False) -> dict[str, float]:
-        """Accumulate gradients over micro-batches, clip, step optimizer and scheduler; return metrics."""
+                   loss_weighting: str = "tokens", with_entropy: bool = False,
+                   allow_empty: bool = False) -> dict[str, float]:
+        """Accumulate gradients over micro-batches, clip, step optimizer and scheduler; return metrics.
+        `allow_empty`: a mini-batch with no response token on any dp rank (an off-policy correction
+        dropped them all) is skipped, nothing stepped (`accumulate.empty_step`), instead of an error."""
 
     @abc.abstractmethod
     def local_shards(self) -> dict[str, tuple[tuple[int, ...], Box, torch.Tensor]]:

@@ -50,3 +50,19 @@ def test_which_old_log_probs_the_update_needs():
         assert not phases.update_is_on_policy(cfg, rows=256)  # a stale batch is never on-policy
         assert phases.needs_old_log_probs(cfg, rows=256) is needs
     assert math.isclose(_cfg("tis").algorithm.tis_cap, 2.0)
+
+
+def test_the_actor_alone_gets_the_kept_mask():
+    cfg = _cfg("icepop", **{"algorithm.mask_low": 0.4, "algorithm.mask_high": 4.0})
+    batch, m = phases.off_policy_correction(_batch(), cfg=cfg)
+    full = batch.batch["response_mask"].clone()
+    actor = phases.for_actor(batch)
+    # ratios [1, 5, 0.5] and [0.25, 3]: 5 and 0.25 are outside [0.4, 4]
+    assert actor.batch["response_mask"].tolist() == [[1, 0, 1], [0, 1, 0]]
+    assert actor.meta_info[phases.rollout_correction.CORRECTION_MASKED] is True
+    assert torch.equal(batch.batch["response_mask"], full)  # the critic, metrics and dumps keep every token
+    assert phases.rollout_correction.CORRECTION_MASKED not in batch.meta_info
+    assert torch.equal(actor.batch["advantages"], batch.batch["advantages"])
+    assert m["async/masked_token_frac"] == pytest.approx(2 / 5)
+    tis, _ = phases.off_policy_correction(_batch(), cfg=_cfg("tis"))
+    assert phases.for_actor(tis) is tis  # nothing masked: the same batch

@@ -188,3 +188,24 @@ def single_process(path, head: str, batch, *, temperature: float = 1.0, **hp) ->
         out = reference_outputs(model, batch, head=head, temperature=temperature if head == "lm" else 1.0)
     step = reference_step(model, batch, policy_loss if head == "lm" else value_loss, head=head, **hp)
     return {"init": init, "out": out, "step": step}
+
+
+def empty_minibatch_errors(engine, batch) -> dict[str, float]:
+    """A mini-batch whose every response token an off-policy correction dropped: with allow_empty the
+    step is skipped (reported `empty`, weights, optimizer steps and lr unchanged), without it an error,
+    for both loss weightings that count tokens. Returns {check: error} (0 when it holds)."""
+    empty = {**batch, "response_mask": torch.zeros_like(batch["response_mask"])}
+    before, steps, lr = engine.full_state_dict(), engine.steps, engine.lr
+    errors = {}
+    for weighting in ("global", "tokens"):
+        m = engine.train_step(policy_loss, empty, with_entropy=True, loss_weighting=weighting, allow_empty=True)
+        errors[f"empty/{weighting}/reported"] = abs(m.get("empty", 0.0) - 1.0) + abs(m["skipped"])
+        try:
+            engine.train_step(policy_loss, empty, with_entropy=True, loss_weighting=weighting)
+            errors[f"empty/{weighting}/raises_without_allow_empty"] = 1.0
+        except ValueError:
+            errors[f"empty/{weighting}/raises_without_allow_empty"] = 0.0
+    after = engine.full_state_dict()
+    errors["empty/weights_unchanged"] = max(max_abs_diff(after[k], before[k]) for k in before)
+    errors["empty/no_optimizer_step"] = float(engine.steps - steps) + abs(engine.lr - lr)
+    return errors

@@ -28,7 +28,7 @@ import torch
 import torch.distributed as dist
 
 from rlframe.workers.engines import checkpoint as ckpt
-from rlframe.workers.engines.accumulate import MetricSums, check_scalar_loss, micro_batch_weights
+from rlframe.workers.engines.accumulate import MetricSums, check_scalar_loss, empty_step, micro_batch_weights
 from rlframe.workers.engines.base import (
     TrainEngine, TrainEngineConfig, check_trainable, compute_dtype, require_keys,
     resolve_mixed_precision,
@@ -171,11 +171,14 @@ class FSDPTrainEngine(BatchedForward, TrainEngine):
 
     # ---- training ------------------------------------------------------------------------
     def train_step(self, loss_fn, micro_batches, *, temperature: float = 1.0,
-                   loss_weighting: str = "tokens", with_entropy: bool = False) -> dict[str, float]:
+                   loss_weighting: str = "tokens", with_entropy: bool = False,
+                   allow_empty: bool = False) -> dict[str, float]:
         check_trainable(self.config)
         mbs = self._plan(micro_batches)
         weights = micro_batch_weights(mbs, loss_weighting, dp=self.config.dp, dp_group=self.dp_group,
-                                      device=self.device)
+                                      device=self.device, allow_empty=allow_empty)
+        if weights is None:
+            return empty_step(self.lr)
         self.optimizer.zero_grad(set_to_none=True)
         sums = MetricSums()
         for i, (mb, w) in enumerate(zip(mbs, weights)):

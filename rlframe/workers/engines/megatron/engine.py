@@ -30,7 +30,7 @@ import torch
 import torch.distributed as dist
 
 from rlframe.resharding.layout import Layout
-from rlframe.workers.engines.accumulate import MetricSums, check_scalar_loss, micro_batch_weights
+from rlframe.workers.engines.accumulate import MetricSums, check_scalar_loss, empty_step, micro_batch_weights
 from rlframe.workers.engines.base import (
     TrainEngine, TrainEngineConfig, check_trainable, compute_dtype, resolve_mixed_precision,
 )
@@ -201,11 +201,15 @@ class MegatronTrainEngine(BatchedForward, TrainEngine):
     # ---- training --------------------------------------------------------------------------
     @_megatron
     def train_step(self, loss_fn, micro_batches, *, temperature: float = 1.0,
-                   loss_weighting: str = "tokens", with_entropy: bool = False) -> dict[str, float]:
+                   loss_weighting: str = "tokens", with_entropy: bool = False,
+                   allow_empty: bool = False) -> dict[str, float]:
         check_trainable(self.config)
         mbs = self._plan(micro_batches)
-        weights = {id(mb): w for mb, w in zip(mbs, micro_batch_weights(
-            mbs, loss_weighting, dp=self.config.dp, dp_group=self.dp_group, device=self.device))}
+        per_mb = micro_batch_weights(mbs, loss_weighting, dp=self.config.dp, dp_group=self.dp_group,
+                                     device=self.device, allow_empty=allow_empty)
+        if per_mb is None:  # the same on every rank: tp and pp peers hold the dp rank's rows
+            return empty_step(self.lr)
+        weights = {id(mb): w for mb, w in zip(mbs, per_mb)}
         sums = MetricSums()
 
         def loss_on_output(mb, x, output):

@@ -19,8 +19,8 @@ import torch
 
 from rlframe.utils.spawn import run_distributed
 from tests.workers.engines.reference import (
-    box_errors, build_reference, compare_forward_and_step, dp_slice, engine_on_mesh, make_batch, max_abs_diff,
-    policy_loss, reference_outputs, sft_loss, single_process, value_loss,
+    box_errors, build_reference, compare_forward_and_step, dp_slice, empty_minibatch_errors, engine_on_mesh, make_batch,
+    max_abs_diff, policy_loss, reference_outputs, sft_loss, single_process, value_loss,
 )
 
 TOL = 1e-5
@@ -96,6 +96,7 @@ def _invariants(path, world, batch, ref, errors):
     m = engine.train_step(lambda o, mb: (policy_loss(o, mb)[0] * float("nan"), {}), batch, with_entropy=True)
     errors["inv/nonfinite/skipped_is_1"] = abs(m["skipped"] - 1.0)
     errors["inv/nonfinite/weights_unchanged"] = _state_diff(engine.full_state_dict(), before)
+    errors.update({f"inv/{k}": v for k, v in empty_minibatch_errors(engine, batch).items()})
 
 
 def _all_layouts(rank, world, paths, out_dir):

@@ -165,7 +165,9 @@ def _recompute_tp2(rank, world, lm_path):
         after = engine.full_state_dict()
         out[on] = {"loss": metrics["loss"], "grad_norm": metrics["grad_norm"], "mlp_forwards": len(calls),
                    "after": after, "moved": max(float((after[k] - before[k]).abs().max()) for k in after)}
-    return {"forwards": (out[False]["mlp_forwards"], out[True]["mlp_forwards"]),
+    from tests.workers.engines.reference import empty_minibatch_errors
+
+    return {"empty": empty_minibatch_errors(engine, batch), "forwards": (out[False]["mlp_forwards"], out[True]["mlp_forwards"]),
             "loss": abs(out[True]["loss"] - out[False]["loss"]),
             "grad_norm": abs(out[True]["grad_norm"] - out[False]["grad_norm"]),
             "weights": max(float((out[True]["after"][k] - out[False]["after"][k]).abs().max()) for k in out[False]["after"]),
@@ -210,6 +212,8 @@ def test_activation_checkpointing_gives_the_same_step(tp2_cases):
         assert off >= 1 and on == 2 * off, res
         assert res["moved"] > 1e-4, res
         assert res["loss"] <= 1e-6 and res["grad_norm"] <= 1e-6 and res["weights"] <= 1e-6, res
+        # a mini-batch an off-policy correction emptied: skipped on both tp ranks, nothing stepped
+        assert all(v == 0.0 for v in res["empty"].values()), res["empty"]
 
 
 def _train_save_or_resume(rank, world, lm_path, ckpt_dir, export_dir, resume):
