@@ -5,7 +5,7 @@
 Every row of `rlframe.controller.preflight.sweep.pairwise_rows()` (each pair of settings of
 algorithm, temperature, epochs x mini-batches, dp/tp/sp, generation replicas, colocated/split,
 fsdp/megatron, LoRA with dropout, partial rollouts, agent loop, async, precision, recompute, full/delta
-weight syncs, direct/chained fan-out appears in some
+weight syncs, direct/chained fan-out, the off-policy correction of off-policy rows appears in some
 row) runs preflight for `--steps` steps on real worker groups, one Ray for all. The table lists per
 row the checks run and failed, the worst rollout-vs-training log-prob gap (mean and max per token)
 and the wall time; it is printed and written to docs/benchmarks.md ("## Preflight sweep").
@@ -42,7 +42,7 @@ def main() -> None:
     p.add_argument("--rows", type=int, default=None, help="only the first N rows of the sweep")
     p.add_argument("--steps", type=int, default=2)
     args = p.parse_args()
-    from rlframe.controller.preflight.sweep import describe, pairwise_rows
+    from rlframe.controller.preflight.sweep import FACTORS, describe, pairwise_rows
 
     before = machine_state(bf16=True)
     rows = pairwise_rows()[:args.rows]
@@ -66,10 +66,11 @@ def main() -> None:
     after = machine_state()
     text = "\n\n".join([
         "`python benchmarks/preflight_sweep.py` (rows of `pairwise_rows()`, 2 steps each, one Ray for all): every "
-        "pair of settings of the sweep's 15 factors appears in some row; a row lists the settings that differ from "
-        "the defaults (grpo, temperature 1, one epoch of one mini-batch, trained roles at dp2, 2 generation "
-        "replicas, colocated, fsdp, no LoRA, no partial rollouts, no agent loop, synchronous, fp32, no recompute, "
-        "full weight syncs, direct fan-out).",
+        f"pair of settings of the sweep's {len(FACTORS)} factors appears in some row; a row lists the settings that "
+        "differ from the defaults (grpo, temperature 1, one epoch of one mini-batch, trained roles at dp2, 2 "
+        "generation replicas, colocated, fsdp, no LoRA, no partial rollouts, no agent loop, synchronous, fp32, no "
+        "recompute, full weight syncs, direct fan-out, no off-policy correction; correction=kl: mis with "
+        "rejection_kl=0.05).",
         machine_line(note=f"load average {before['load1']:.1f} before, {after['load1']:.1f} after; fp32 matmul "
                           f"{before['gflops']:.0f} GFLOP/s, bf16 {before['gflops_bf16']:.0f}"),
         markdown_table(["row", "settings", "checks", "failed", "worst gap mean", "worst gap max", "seconds"], table),

@@ -1,6 +1,6 @@
 """`rlframe preflight` end to end on a fixed subset of the pairwise sweep (real Ray, worker groups,
 vLLM, resharding; 2 steps each): every invariant holds on each row. The rows are two of
-`pairwise_rows()` chosen to meet defects preflight was built for (temperature 0.7 with several
+`pairwise_rows(seed=1)` chosen to meet defects preflight was built for (temperature 0.7 with several
 mini-batches, LoRA dropout, an agent written against the OpenAI API, with split placement and with
 PPO's critic on megatron, Ulysses sequence parallelism, bf16, activation recompute, delta weight
 syncs) in little time (partial rollouts over 2 replicas, chained fan-out, tp 2, asynchronous training
@@ -13,7 +13,7 @@ from rlframe.config import load_config, validate
 from rlframe.controller.preflight.run import run_preflight
 from rlframe.controller.preflight.sweep import config_for, describe, pairwise_rows
 
-SUITE_ROWS = (0, 7)
+SEED, SUITE_ROWS = 1, (5, 11)
 ALWAYS = {"rollout vs training engine log-prob gap (mean)", "reward function repeats its score",
           "no policy token after an end-of-sequence id", "rollout weights equal the trainer's after a sync"}
 
@@ -22,7 +22,7 @@ ALWAYS = {"rollout vs training engine log-prob gap (mean)", "reward function rep
 @pytest.mark.vllm
 @pytest.mark.parametrize("index", SUITE_ROWS)
 def test_preflight_row_holds_every_invariant(index, ray_cluster):
-    row = pairwise_rows()[index]
+    row = pairwise_rows(seed=SEED)[index]
     name, overrides = config_for(row)
     report = run_preflight(validate(load_config(name, overrides)), steps=2, config_name=name)
     assert not report.failed, f"{describe(row)}\n{report.text()}"
