@@ -27,21 +27,15 @@ from __future__ import annotations
 
 import torch
 
-from rlframe.algos.masked import as_float_mask, check_token_tensors
-from rlframe.config.ranges import CORRECTION_BANDS as BANDS  # [low, high] when not given
+from rlframe.algos.masked import check_token_tensors
+from rlframe.config.ranges import CORRECTION_BANDS, correction_band
 from rlframe.config.ranges import OFF_POLICY_CORRECTIONS as METHODS
 
-MASKING = tuple(BANDS)  # drop tokens or responses outside [low, high]
+MASKING = tuple(CORRECTION_BANDS)  # drop tokens or responses outside [low, high]
 # meta_info flag of the batch the actor's update gets with dropped tokens out of its response_mask:
 # a mini-batch left with none is skipped (no optimizer step) instead of being an error
 CORRECTION_MASKED = "correction_masked"
 LOG_BOUND = 20.0
-
-
-def band(method: str, low: float | None, high: float | None) -> tuple[float, float]:
-    """The [low, high] a masking method keeps: the given bounds, else the method's default."""
-    d_low, d_high = BANDS[method]
-    return (d_low if low is None else low, d_high if high is None else high)
 
 
 def correct(old_log_probs: torch.Tensor, behaviour_log_probs: torch.Tensor, advantages: torch.Tensor,
@@ -55,19 +49,18 @@ def correct(old_log_probs: torch.Tensor, behaviour_log_probs: torch.Tensor, adva
     if method not in METHODS or method == "behaviour":
         raise ValueError(f"rollout correction {method!r}: expected one of {', '.join(m for m in METHODS if m != 'behaviour')}")
     valid = response_mask.bool()
-    if method == "none" and rejection_kl is None:  # the weights' metrics only
-        rho = torch.exp((old_log_probs - behaviour_log_probs).clamp(-LOG_BOUND, LOG_BOUND))
-        return advantages, response_mask, _weight_metrics(rho, valid)
-    m = as_float_mask(response_mask, advantages)
     log_rho = torch.where(valid, (old_log_probs - behaviour_log_probs).clamp(-LOG_BOUND, LOG_BOUND),
                           torch.zeros_like(advantages))
     rho = torch.exp(log_rho)
-    lengths = m.sum(-1)
+    metrics = _weight_metrics(rho, valid)
+    if method == "none" and rejection_kl is None:  # the weights' metrics only
+        return advantages, response_mask, metrics
+    lengths = valid.sum(-1)
+    has = lengths > 0  # responses with a token (padding rows count in no mean)
     seq_log = log_rho.sum(-1)  # log prod_t rho_t
     geo = torch.exp(seq_log / lengths.clamp(min=1))  # geometric mean per response
     keep = valid.clone()
     weight = torch.ones_like(advantages)
-    metrics = _weight_metrics(rho, valid)
 
     if method == "tis" or method == "seq_mask_tis":
         weight = rho.clamp(max=tis_cap)
@@ -75,28 +68,25 @@ def correct(old_log_probs: torch.Tensor, behaviour_log_probs: torch.Tensor, adva
     elif method == "seq_tis":
         seq_w = torch.exp(seq_log.clamp(-LOG_BOUND, LOG_BOUND))
         weight = seq_w.clamp(max=tis_cap)[:, None].expand_as(advantages)
-        has = lengths > 0
         metrics["async/seq_is_weight_mean"] = float(seq_w[has].mean()) if has.any() else 1.0
-        metrics["async/is_clipped_frac"] = float((seq_w[has] > tis_cap).float().mean()) if has.any() else 0.0
+        metrics["async/is_clipped_frac"] = _share(seq_w > tis_cap, has)
     elif method == "icepop":
-        lo, hi = band(method, low, high)
+        lo, hi = correction_band(method, low, high)
         keep &= (rho >= lo) & (rho <= hi)
         weight = rho
     if method in ("seq_mask_tis", "mis"):
-        lo, hi = band(method, low, high)
+        lo, hi = correction_band(method, low, high)
         keep &= ((geo >= lo) & (geo <= hi))[:, None]
     if rejection_kl is not None:
         k3 = torch.where(valid, rho - 1 - log_rho, torch.zeros_like(rho))
         seq_kl = k3.sum(-1) / lengths.clamp(min=1)
-        rejected = (seq_kl > rejection_kl) & (lengths > 0)
+        rejected = (seq_kl > rejection_kl) & has
         keep &= ~rejected[:, None]
-        metrics["async/behaviour_kl_mean"] = float(seq_kl[lengths > 0].mean()) if (lengths > 0).any() else 0.0
-        metrics["async/kl_rejected_frac"] = float(rejected[lengths > 0].float().mean()) if (lengths > 0).any() else 0.0
+        metrics["async/behaviour_kl_mean"] = float(seq_kl[has].mean()) if has.any() else 0.0
+        metrics["async/kl_rejected_frac"] = _share(rejected, has)
     if method in MASKING or rejection_kl is not None:
         metrics["async/masked_token_frac"] = _share(valid & ~keep, valid)
-        has = lengths > 0
-        dropped = has & ~keep.any(-1)
-        metrics["async/masked_seq_frac"] = float(dropped[has].float().mean()) if has.any() else 0.0
+        metrics["async/masked_seq_frac"] = _share(~keep.any(-1), has)
         metrics["async/geo_ratio_mean"] = float(geo[has].mean()) if has.any() else 1.0
     out = torch.where(keep, advantages * weight, torch.zeros_like(advantages))
     return out, keep.to(response_mask.dtype), metrics

@@ -52,6 +52,12 @@ WEIGHT_TRANSPORTS = ("auto", "gloo", "shm", "file", "nccl")  # rlframe/reshardin
 OFF_POLICY_CORRECTIONS = ("none", "behaviour", "tis", "seq_tis", "icepop", "seq_mask_tis", "mis")
 CORRECTION_BANDS = {"icepop": (0.5, 5.0), "seq_mask_tis": (0.5, 2.0), "mis": (0.5, 2.0)}
 
+
+def correction_band(method: str, low: float | None, high: float | None) -> tuple[float, float]:
+    """The [low, high] a masking correction keeps: the given bounds, else the method's default."""
+    d_low, d_high = CORRECTION_BANDS[method]
+    return (d_low if low is None else low, d_high if high is None else high)
+
 _TRAIN_ROLE = {
     "dp": POSITIVE_INT, "tp": POSITIVE_INT, "pp": POSITIVE_INT, "sp": POSITIVE_INT, "cp": POSITIVE_INT,
     "lr": above(0, " (the learning rate of AdamW)"),

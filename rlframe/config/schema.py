@@ -334,6 +334,12 @@ class RunConfig:
     imports: list[str] = field(default_factory=list)  # modules that register custom algorithms/workers
 
     @property
+    def off_policy(self) -> bool:
+        """Whether a batch may hold tokens sampled by weights older than those being trained:
+        asynchronous rollouts, or partial rollouts continued across updates."""
+        return self.trainer.max_staleness > 0 or self.rollout.partial_budget > 0
+
+    @property
     def uses_critic(self) -> bool:
         return self.algorithm.adv_estimator == "gae" and self.algorithm.name not in ("online_dpo", "sft")
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import importlib
 
 from rlframe.config.algorithms import OWN_DATAFLOW
-from rlframe.config.ranges import CORRECTION_BANDS, check_ranges
+from rlframe.config.ranges import CORRECTION_BANDS, check_ranges, correction_band
 from rlframe.config.resources import check_private_cluster, generation_group, role_world_sizes
 from rlframe.config.run_files import check_paths
 from rlframe.config.schedule import optimizer_steps, optimizer_steps_per_step
@@ -398,8 +398,7 @@ def _check_rollout_correction(cfg: RunConfig, out: list[str]) -> None:
                        f"algorithm.off_policy_correction={method} masks nothing; use one of "
                        f"{', '.join(CORRECTION_BANDS)}, or leave mask_low / mask_high null")
     else:
-        low = CORRECTION_BANDS[method][0] if alg.mask_low is None else alg.mask_low
-        high = CORRECTION_BANDS[method][1] if alg.mask_high is None else alg.mask_high
+        low, high = correction_band(method, alg.mask_low, alg.mask_high)
         if not low <= 1.0 <= high:
             out.append(f"algorithm.off_policy_correction={method} keeps ratios in [mask_low, mask_high] = "
                        f"[{low}, {high}], which leaves out 1 (a token sampled by the weights being trained "
@@ -407,7 +406,7 @@ def _check_rollout_correction(cfg: RunConfig, out: list[str]) -> None:
                        f"{list(CORRECTION_BANDS[method])}")
     drops = [f"algorithm.off_policy_correction={method}"] if method in CORRECTION_BANDS else []
     drops += [f"algorithm.rejection_kl={alg.rejection_kl}"] if alg.rejection_kl is not None else []
-    if drops and not (cfg.trainer.max_staleness > 0 or cfg.rollout.partial_budget > 0):
+    if drops and not cfg.off_policy:
         out.append(f"{' and '.join(drops)} drop tokens of off-policy batches, but this run is synchronous "
                    "(trainer.max_staleness=0, rollout.partial_budget=0): every batch is on-policy and nothing "
                    "would be dropped; set max_staleness > 0 (with resources.placement=split) or partial_budget > 0, "

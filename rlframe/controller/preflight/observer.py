@@ -38,7 +38,7 @@ class PreflightObserver:
     # ---- before the update -----------------------------------------------------------------------
     def before_update(self, trainer, batch: DataProto) -> None:
         cfg, step = self.cfg, trainer.step
-        current = step == 1 or not phases.off_policy(cfg)  # the rollout came from the weights being trained
+        current = step == 1 or not cfg.off_policy  # the rollout came from the weights being trained
         train = trainer.roles.actor.compute_log_prob(batch).batch["old_log_probs"]
         mask = batch.batch["response_mask"]
         if current and "rollout_log_probs" in batch.batch.keys():
@@ -79,7 +79,7 @@ class PreflightObserver:
     # ---- after the step ---------------------------------------------------------------------------
     def after_step(self, trainer, metrics: dict) -> None:
         cfg, step = self.cfg, trainer.step
-        ratio_applies = (not phases.off_policy(cfg) and cfg.algorithm.name != "online_dpo"
+        ratio_applies = (not cfg.off_policy and cfg.algorithm.name != "online_dpo"
                          and cfg.actor.lora_dropout == 0 and "actor/first_mb_ppo_kl" in metrics)
         if ratio_applies:  # with LoRA dropout the update's own forward drops: its ratio is not 1 by design
             self.add(step, checks.first_minibatch_ratio(metrics, precision=self.precision))

@@ -198,13 +198,7 @@ def update_is_on_policy(cfg: RunConfig, *, rows: int) -> bool:
     before the update: a KL penalty in the reward (computed from them on the driver)."""
     actor, alg = cfg.actor, cfg.algorithm
     return (actor.ppo_epochs == 1 and actor.mini_batch_size >= rows and not alg.kl_in_reward
-            and alg.name != "online_dpo" and not off_policy(cfg))
-
-
-def off_policy(cfg: RunConfig) -> bool:
-    """Whether a batch may hold tokens sampled by weights older than those being trained:
-    asynchronous rollouts, or partial rollouts continued across updates."""
-    return cfg.trainer.max_staleness > 0 or cfg.rollout.partial_budget > 0
+            and alg.name != "online_dpo" and not cfg.off_policy)
 
 
 def needs_old_log_probs(cfg: RunConfig, *, rows: int) -> bool:
@@ -212,7 +206,7 @@ def needs_old_log_probs(cfg: RunConfig, *, rows: int) -> bool:
     exactly on-policy, nor when the behaviour policy's own log-probs (vLLM's) serve as them."""
     if update_is_on_policy(cfg, rows=rows):
         return False
-    return not (off_policy(cfg) and cfg.algorithm.off_policy_correction == "behaviour")
+    return not (cfg.off_policy and cfg.algorithm.off_policy_correction == "behaviour")
 
 
 def off_policy_correction(batch: DataProto, *, cfg: RunConfig) -> tuple[DataProto, dict]:
@@ -238,13 +232,13 @@ def off_policy_correction(batch: DataProto, *, cfg: RunConfig) -> tuple[DataProt
 def reweights(cfg: RunConfig) -> bool:
     """Whether the off-policy correction changes the advantages (weights or masks them)."""
     alg = cfg.algorithm
-    return off_policy(cfg) and (alg.off_policy_correction not in ("none", "behaviour") or alg.rejection_kl is not None)
+    return cfg.off_policy and (alg.off_policy_correction not in ("none", "behaviour") or alg.rejection_kl is not None)
 
 
 def masks(cfg: RunConfig) -> bool:
     """Whether the off-policy correction can drop tokens from the actor's update."""
     alg = cfg.algorithm
-    return off_policy(cfg) and (alg.off_policy_correction in rollout_correction.MASKING or alg.rejection_kl is not None)
+    return cfg.off_policy and (alg.off_policy_correction in rollout_correction.MASKING or alg.rejection_kl is not None)
 
 
 def for_actor(batch: DataProto) -> DataProto:

@@ -173,7 +173,7 @@ class PPOTrainer:
                 batch = batch.union(out.select(batch_keys=["old_log_probs"]) if name == "old_log_prob" else out)
             with timed(t, "adv"):
                 batch, adv_m = phases.advantages(batch, cfg=self.cfg, kl_ctrl=self.kl_ctrl)
-                if phases.off_policy(self.cfg):  # the rollouts may be older than the weights being trained
+                if self.cfg.off_policy:  # the rollouts may be older than the weights being trained
                     batch, is_m = phases.off_policy_correction(batch, cfg=self.cfg)
                     adv_m.update(is_m)
             adv_m.update(phases.reference_kl(batch))
