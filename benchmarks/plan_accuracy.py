@@ -28,7 +28,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from report import machine_line, machine_state, markdown_table, write_section  # noqa: E402
+from report import machine_state, markdown_table, reproduce_line, write_section  # noqa: E402
 
 SECTION = "## Execution plans: estimated vs measured step time"
 SPLIT_PPO = ["resources.placement=split", "+resources.split_procs={actor: 1, critic: 1, ref: 1, rollout: 1}",
@@ -265,9 +265,8 @@ def main() -> None:
                f"fastest measured ({best['label']}) (goal within 10%).")
     print(table + "\n" + summary)
     body = "\n".join([
-        f"Reproduce: `python benchmarks/plan_accuracy.py --steps {args.steps}`. {machine_line()} Load average "
-        f"{before['load1']:.1f} before, {after['load1']:.1f} after; fp32 matmul {before['gflops']:.0f} / "
-        f"{after['gflops']:.0f} GFLOP/s.", "",
+        reproduce_line(f"python benchmarks/plan_accuracy.py --steps {args.steps} --rounds {args.rounds}", before, after),
+        "",
         f"Constants: `rlframe plan --calibrate` on {CALIBRATION[0]} as shipped ({constants.source}). Each plan ran "
         f"{args.steps} steps in each of {args.rounds} rounds that alternate the plans; measured = the median over "
         "the rounds of a run's median step time after its first step (the range: the rounds'). "

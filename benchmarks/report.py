@@ -42,6 +42,13 @@ def machine_line(*, note: str = "", packages: dict[str, str] | None = None) -> s
             f"measured {time.strftime('%Y-%m-%d', time.gmtime())}.")
 
 
+def reproduce_line(command: str, before: dict, after: dict) -> str:
+    """The first line of a section: its command, the machine, the load average and fp32 matmul rate
+    (`machine_state()`) before and after the measurement."""
+    return (f"Reproduce: `{command}`. {machine_line()} Load average {before['load1']:.1f} before, "
+            f"{after['load1']:.1f} after; fp32 matmul {before['gflops']:.0f} / {after['gflops']:.0f} GFLOP/s.")
+
+
 def markdown_row(cells) -> str:
     """`| a | b |`: one table row (scripts that print rows as they are measured use it directly)."""
     return "| " + " | ".join(str(c) for c in cells) + " |"

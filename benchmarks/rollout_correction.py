@@ -22,8 +22,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks" / "claims"))
 
-from common import FIGURES, at_step, machine_line, machine_state, run_job, save_figure, spread  # noqa: E402
-from report import markdown_table, write_section  # noqa: E402
+from common import FIGURES, at_step, machine_state, run_job, save_figure, spread  # noqa: E402
+from report import markdown_table, reproduce_line, write_section  # noqa: E402
 
 SECTION = "## Off-policy corrections by staleness (held-out accuracy)"
 SPLIT = ["algorithm=grpo", "resources.placement=split", "actor.dp=1",
@@ -88,9 +88,8 @@ def main() -> None:
                + f". k=0 is one synchronous run per seed (no correction applies on-policy), repeated in each row.")
     print(table + "\n" + summary)
     body = "\n".join([
-        f"Reproduce: `python benchmarks/rollout_correction.py --steps {args.steps} --ks {args.ks} --seeds {args.seeds}`. "
-        f"{machine_line()} Load average {before['load1']:.1f} before, {after['load1']:.1f} after; fp32 matmul "
-        f"{before['gflops']:.0f} / {after['gflops']:.0f} GFLOP/s.", "",
+        reproduce_line(f"python benchmarks/rollout_correction.py --steps {args.steps} --ks {args.ks} --seeds {args.seeds}",
+                       before, after), "",
         f"GRPO on the demo task (the pinned pre-trained demo model, 37.9% at step 0), split placement, {args.steps} "
         f"steps, held-out greedy accuracy at the end, mean (range) over seeds {args.seeds}; the corrections at their "
         "defaults (tis_cap 2, icepop band [0.5, 5], mis and seq_mask_tis band [0.5, 2]) (docs/placement.md).", "",
