@@ -8,7 +8,8 @@ from __future__ import annotations
 import importlib
 
 from rlframe.config.algorithms import OWN_DATAFLOW
-from rlframe.config.ranges import CORRECTION_BANDS, check_ranges, correction_band
+from rlframe.config.ranges import check_ranges
+from rlframe.config.off_policy import check_rollout_correction
 from rlframe.config.resources import check_private_cluster, generation_group, role_world_sizes
 from rlframe.config.run_files import check_paths
 from rlframe.config.schedule import optimizer_steps, optimizer_steps_per_step
@@ -385,43 +386,7 @@ def _check_cross_field(cfg: RunConfig, out: list[str]) -> None:
     _check_kl_and_sampling(cfg, out)
     _check_roles_and_trainer(cfg, out)
     _check_lora(cfg, out)
-    _check_rollout_correction(cfg, out)
-
-
-def _check_rollout_correction(cfg: RunConfig, out: list[str]) -> None:
-    alg = cfg.algorithm
-    method = alg.off_policy_correction
-    given = [f"algorithm.{k}={getattr(alg, k)}" for k in ("mask_low", "mask_high") if getattr(alg, k) is not None]
-    if method not in CORRECTION_BANDS:
-        if given:
-            out.append(f"{' and '.join(given)} set the band of a masking correction, but "
-                       f"algorithm.off_policy_correction={method} masks nothing; use one of "
-                       f"{', '.join(CORRECTION_BANDS)}, or leave mask_low / mask_high null")
-    else:
-        low, high = correction_band(method, alg.mask_low, alg.mask_high)
-        if not low <= 1.0 <= high:
-            out.append(f"algorithm.off_policy_correction={method} keeps ratios in [mask_low, mask_high] = "
-                       f"[{low}, {high}], which leaves out 1 (a token sampled by the weights being trained "
-                       f"would be masked); choose mask_low <= 1 <= mask_high, e.g. the default "
-                       f"{list(CORRECTION_BANDS[method])}")
-    drops = [f"algorithm.off_policy_correction={method}"] if method in CORRECTION_BANDS else []
-    drops += [f"algorithm.rejection_kl={alg.rejection_kl}"] if alg.rejection_kl is not None else []
-    if drops and not cfg.off_policy:
-        out.append(f"{' and '.join(drops)} drop tokens of off-policy batches, but this run is synchronous "
-                   "(trainer.max_staleness=0, rollout.partial_budget=0): every batch is on-policy and nothing "
-                   "would be dropped; set max_staleness > 0 (with resources.placement=split) or partial_budget > 0, "
-                   "or leave them off")
-    sampling = [f"rollout.{k}={v}" for k, v, on in (("top_p", cfg.rollout.top_p, cfg.rollout.top_p < 1),
-                                                     ("top_k", cfg.rollout.top_k, cfg.rollout.top_k > 0)) if on]
-    if drops and sampling:
-        out.append(f"{' and '.join(drops)} compare the rollout's log-probs with the actor's, but with "
-                   f"{' and '.join(sampling)} the rollout's are of the truncated distribution: even tokens sampled "
-                   "by the weights being trained have a ratio below 1 and would be dropped; sample from the full "
-                   "distribution (top_p=1, top_k=-1) or use off_policy_correction=tis without rejection_kl")
-    if alg.rejection_kl is not None and method == "behaviour":
-        out.append(f"algorithm.rejection_kl={alg.rejection_kl} measures the KL from the rollout's policy to the "
-                   "update's old one, but off_policy_correction=behaviour makes them the same (always 0); "
-                   "use another correction (none, tis, ...) or rejection_kl=null")
+    check_rollout_correction(cfg, out)
 
 
 def _check_environment(cfg: RunConfig, out: list[str]) -> None:
