@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 from torch.distributed.tensor import DTensor, Shard
 from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
-from torch.distributed.tensor.placement_types import _StridedShard, _StridedShardOffsetMode
+from torch.distributed.tensor.placement_types import _StridedShard
 
 from rlframe.resharding.box import Box
 
@@ -23,14 +23,10 @@ def _dim_indices(global_shape, mesh, placements) -> list[torch.Tensor]:
     coord = mesh.get_coordinate()
     idx = [torch.arange(n) for n in global_shape]
     for mesh_dim, pl in enumerate(placements):
-        if isinstance(pl, _StridedShard):
-            size, offs = pl.local_shard_size_and_offset(
-                len(idx[pl.dim]), mesh.size(mesh_dim), coord[mesh_dim], offset_mode=_StridedShardOffsetMode.ALL
-            )
-            idx[pl.dim] = idx[pl.dim][torch.tensor(offs, dtype=torch.long)] if size else idx[pl.dim][:0]
-        elif isinstance(pl, Shard):
-            size, off = Shard.local_shard_size_and_offset(len(idx[pl.dim]), mesh.size(mesh_dim), coord[mesh_dim])
-            idx[pl.dim] = idx[pl.dim][off : off + size]
+        if isinstance(pl, (Shard, _StridedShard)):  # DTensor's own split, of a 1-D index tensor
+            along = _StridedShard(0, split_factor=pl.split_factor) if isinstance(pl, _StridedShard) else Shard(0)
+            pieces, _ = along._split_tensor(idx[pl.dim], mesh.size(mesh_dim), with_padding=False)
+            idx[pl.dim] = pieces[coord[mesh_dim]]
     return idx
 
 
