@@ -17,6 +17,13 @@ import os
 # 0.020 -> 0.015 s. Applies to the private Ray started here; a joined cluster keeps its own setting.
 INLINE_TASK_BYTES = 1 << 20
 
+# What the private Ray is started with. Ray prestarts idle Python workers when the first driver
+# connects; rlframe's worker groups are actors that never take one, so on a small machine those
+# processes only compete with the run's own start-up for the cores: on 2 cores the default job's
+# start-up went 60 s -> 49-55 s without them (docs/benchmarks.md, "Control plane").
+PRIVATE_RAY_SYSTEM_CONFIG = {"max_direct_call_object_size": INLINE_TASK_BYTES,
+                             "prestart_worker_first_driver": False}
+
 
 def resolve_address(address: str | None) -> str | None:
     """The cluster to join: `address`, else RAY_ADDRESS; None (or "") means a private Ray."""
@@ -40,7 +47,7 @@ def init_local_ray(*, address: str | None = None, num_cpus: int | None = None, q
         ray.init(address=address, **kwargs)
     else:
         ray.init(address="local", num_cpus=num_cpus or max(16, os.cpu_count() or 1), include_dashboard=False,
-                 _system_config={"max_direct_call_object_size": INLINE_TASK_BYTES}, **kwargs)
+                 _system_config=PRIVATE_RAY_SYSTEM_CONFIG, **kwargs)
     return ray
 
 
