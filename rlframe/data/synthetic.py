@@ -1,6 +1,6 @@
 """Synthetic verifiable tasks, written as parquet in the verl layout.
 
-Two tasks, both with answers a rule can check (see `rlframe.rewards.verifiers`):
+Three tasks, each with answers a rule can check (see `rlframe.rewards.verifiers`):
 
 - `arithmetic`: "23+58=" -> "81". Difficulty is the number of digits per operand and the set of
   operators. Train and test are disjoint: the (a, op, b) problems are drawn without replacement
@@ -8,6 +8,11 @@ Two tasks, both with answers a rule can check (see `rlframe.rewards.verifiers`):
 - `countdown`: "3,5,7->22:" -> an expression such as "3*5+7" that uses each given number at most
   once and evaluates to the target (TinyZero-style). Targets are built from a random expression
   over the numbers, so every problem has at least one solution (stored in `extra_info`).
+- `stepwise`: a sum of single-digit numbers worked one addition at a time, each step rewriting the
+  rest: "3+8+1+9=" -> "11+1+9=12+9=21". A problem of k terms takes k-1 steps and about k^2
+  characters; k is drawn with a geometric tail (`StepwiseSpec`), so most responses are tens of
+  tokens and a few are hundreds: the long-tailed, generation-bound workload of docs/async.md. The
+  reward reads the number after the last "=".
 
 Rows: `prompt` = [{"role": "user", "content": ...}], `data_source`, `ability`,
 `reward_model` = {"ground_truth": str, "style": "rule"}, `extra_info` = {"split", "index", ...}.
@@ -25,7 +30,7 @@ import random
 from dataclasses import dataclass
 from pathlib import Path
 
-TASKS = ("arithmetic", "countdown")
+TASKS = ("arithmetic", "countdown", "stepwise")
 _OPS = "+-*"
 
 
@@ -45,6 +50,19 @@ class CountdownSpec:
 
     count: int = 3
     max_number: int = 9
+
+
+@dataclass(frozen=True)
+class StepwiseSpec:
+    """Sums of `min_terms..max_terms` numbers from 1..`max_operand`; the number of terms past
+    `min_terms` is geometric with ratio `tail` (each further term `tail` times as likely), cut at
+    `max_terms`. The defaults: median 5 terms (about 25 response tokens), 1 in 20 problems 15 or 16
+    terms (about 250)."""
+
+    min_terms: int = 2
+    max_terms: int = 16
+    tail: float = 0.8
+    max_operand: int = 9
 
 
 def _validate_arith(spec: ArithmeticSpec) -> None:
@@ -105,6 +123,50 @@ def countdown_problem(rng: random.Random, *, count: int, max_number: int) -> tup
             value = eval_binary(value, op, x)
         if 0 < value <= 10 * max_number:
             return nums, value, expr
+
+
+def stepwise_solution(terms: list[int]) -> str:
+    """The worked sum: each step adds the first two numbers and copies the rest ("11+1+9=12+9=21")."""
+    steps, rest = [], list(terms)
+    while len(rest) > 1:
+        rest = [rest[0] + rest[1], *rest[2:]]
+        steps.append("+".join(map(str, rest)))
+    return "=".join(steps)
+
+
+def stepwise_terms(rng: random.Random, spec: StepwiseSpec) -> list[int]:
+    k = spec.min_terms
+    while k < spec.max_terms and rng.random() < spec.tail:
+        k += 1
+    return [rng.randint(1, spec.max_operand) for _ in range(k)]
+
+
+def stepwise_rows(*, num_train: int, num_test: int, spec: StepwiseSpec, seed: int) -> dict[str, list[dict]]:
+    """Disjoint train/test rows of the stepwise sum (prompts deduplicated across splits)."""
+    if not (2 <= spec.min_terms <= spec.max_terms and 0 <= spec.tail < 1 and 1 <= spec.max_operand <= 9):
+        raise ValueError(f"stepwise needs 2 <= min_terms <= max_terms, 0 <= tail < 1 and single-digit operands "
+                         f"(1 <= max_operand <= 9); got {spec}")
+    rng = random.Random(seed)
+    seen: set[str] = set()
+    problems: list[list[int]] = []
+    for _ in range(50 * (num_train + num_test) + 1000):
+        if len(problems) == num_train + num_test:
+            break
+        terms = stepwise_terms(rng, spec)
+        prompt = "+".join(map(str, terms)) + "="
+        if prompt not in seen:
+            seen.add(prompt)
+            problems.append(terms)
+    if len(problems) < num_train + num_test:
+        raise ValueError(f"only {len(problems)} distinct stepwise problems exist with {spec}; raise max_terms or max_operand")
+    # Short sums are few (81 of two terms) and the first drawn: shuffled, both splits mix lengths alike.
+    rng.shuffle(problems)
+    splits = {"train": problems[:num_train], "test": problems[num_train:]}
+    return {
+        split: [_row("+".join(map(str, t)) + "=", str(sum(t)), source="stepwise", split=split, index=i,
+                     extra={"solution": stepwise_solution(t), "terms": len(t)}) for i, t in enumerate(items)]
+        for split, items in splits.items()
+    }
 
 
 def _row(prompt: str, answer_gt: str, *, source: str, split: str, index: int, extra: dict) -> dict:
@@ -181,6 +243,7 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--ops", default="+", help="arithmetic: operators, subset of '+-*'")
     p.add_argument("--count", type=int, default=3, help="countdown: how many numbers")
     p.add_argument("--max-number", type=int, default=9, help="countdown: numbers are 1..max")
+    p.add_argument("--max-terms", type=int, default=16, help="stepwise: most numbers in a sum")
     return p.parse_args(argv)
 
 
@@ -188,6 +251,9 @@ def generate(args: argparse.Namespace) -> dict[str, list[dict]]:
     if args.task == "arithmetic":
         spec = ArithmeticSpec(digits=args.digits, min_digits=args.min_digits, ops=args.ops)
         return arithmetic_rows(num_train=args.num_train, num_test=args.num_test, spec=spec, seed=args.seed)
+    if args.task == "stepwise":
+        return stepwise_rows(num_train=args.num_train, num_test=args.num_test, seed=args.seed,
+                             spec=StepwiseSpec(max_terms=args.max_terms))
     return countdown_rows(
         num_train=args.num_train, num_test=args.num_test, seed=args.seed, count=args.count, max_number=args.max_number
     )

@@ -29,6 +29,7 @@ from rlframe.rewards.verifiers import (
     exact_match,
     gsm8k_score,
     math_score,
+    stepwise_score,
     tool_arithmetic_score,
 )
 
@@ -39,6 +40,7 @@ _BY_SOURCE: dict[str, Callable] = {
     "arithmetic": arithmetic_score,
     "exact_match": exact_match,
     "countdown": countdown_score,
+    "stepwise": stepwise_score,
     "tool_arithmetic": tool_arithmetic_score,
     "openai/gsm8k": gsm8k_score,
     "gsm8k": gsm8k_score,

@@ -68,3 +68,26 @@ def test_stale_temp_dirs_are_removed(tmp_path):
     os.utime(old, (time.time() - STALE_TEMP_S - 60,) * 2)
     path = build_pretrained_model(preset="test", seed=0, cfg=TINY, cache_dir=tmp_path)
     assert path.name == name and not old.exists() and fresh.exists()
+
+
+def test_length_classes_make_each_batch_of_one_class_and_keep_every_item_equally_likely():
+    import torch
+
+    from rlframe.data.pretrain import BatchDraw
+
+    sizes = [5, 40, 200, 755]  # items per class, as uneven as the stepwise sums' term counts
+    train = [c for c, n in enumerate(sizes) for _ in range(n)]
+    gen = torch.Generator().manual_seed(0)
+    draw = BatchDraw(train, 8, bucket_of=lambda item: item)
+    counts = [0] * len(train)
+    for _ in range(4000):
+        idx = draw(gen)
+        assert len(idx) == 8 and len({train[i] for i in idx}) == 1
+        for i in idx:
+            counts[i] += 1
+    per_class = [sum(counts[i] for i in range(len(train)) if train[i] == c) / (32000 * n / len(train))
+                 for c, n in enumerate(sizes)]
+    assert all(0.8 < r < 1.2 for r in per_class), per_class  # each class drawn in proportion to its items
+    plain = BatchDraw(train, 8)  # without classes: the draws of before, unchanged
+    a, b = torch.Generator().manual_seed(3), torch.Generator().manual_seed(3)
+    assert plain(a) == torch.randint(len(train), (8,), generator=b).tolist()

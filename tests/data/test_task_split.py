@@ -20,7 +20,7 @@ def _prompts(path: str) -> list[str]:
     return [row["prompt"][0]["content"] for row in pq.ParquetFile(path).read().to_pylist()]
 
 
-@pytest.mark.parametrize("task", ["arithmetic", "countdown"])
+@pytest.mark.parametrize("task", ["arithmetic", "countdown", "stepwise"])
 def test_data_seed_keeps_the_split(tmp_path, task):
     (train_a,), (test_a,) = prepare.task_files(_cfg(tmp_path, seed=0, task=task))
     (train_b,), (test_b,) = prepare.task_files(_cfg(tmp_path, seed=7, task=task))
@@ -29,7 +29,7 @@ def test_data_seed_keeps_the_split(tmp_path, task):
     assert not set(_prompts(train_a)) & set(_prompts(test_a))
 
 
-@pytest.mark.parametrize("task", ["arithmetic", "countdown"])
+@pytest.mark.parametrize("task", ["arithmetic", "countdown", "stepwise"])
 def test_held_out_never_meets_the_pretraining_data(tmp_path, task):
     pretrain_train, _ = sft_examples(task, seed=PRETRAIN_SEED, cfg=SFTConfig())
     seen = {prompt for prompt, _ in pretrain_train}
@@ -48,6 +48,16 @@ def test_countdown_pretrains_on_a_solution_of_each_problem():
         numbers, target = prompt.rstrip(":").split("->")
         truth = json.dumps({"target": int(target), "numbers": [int(n) for n in numbers.split(",")]})
         assert countdown_score(answer, truth) == 1.0
+
+
+def test_stepwise_pretrains_on_the_worked_steps_of_each_problem():
+    from rlframe.rewards.verifiers import stepwise_score
+
+    train, test = sft_examples("stepwise", seed=PRETRAIN_SEED, cfg=SFTConfig())
+    assert len(train) == 5000 and len(test) == 500
+    for prompt, answer in train[:300] + test[:100]:  # "3+8+1+9=" -> "11+1+9=12+9=21"
+        total = str(sum(int(t) for t in prompt.rstrip("=").split("+")))
+        assert stepwise_score(answer, total) == 1.0 and answer.count("=") == prompt.count("+") - 1
 
 
 def test_data_seed_changes_the_order_of_the_prompts(tmp_path):

@@ -9,6 +9,7 @@ from rlframe.rewards.verifiers import (
     extract_gsm8k_answer,
     gsm8k_score,
     math_score,
+    stepwise_score,
 )
 
 
@@ -50,6 +51,17 @@ def test_gsm8k_strict_and_flexible():
 )
 def test_math_score_uses_symbolic_equivalence(response, truth, expected):
     assert math_score(response, truth) == expected
+
+
+def test_stepwise_score_reads_the_text_after_the_last_equals_sign():
+    assert stepwise_score("11+1+9=12+9=21", "21") == 1.0
+    assert stepwise_score("17", "17") == 1.0  # a two-term sum is its total alone
+    assert stepwise_score("11+1+9=12+9=21 ", "21") == 1.0
+    assert stepwise_score("11+1+9=12+9=22", "21") == 0.0
+    assert stepwise_score("11+1+9=12+9=021", "21") == 0.0  # the canonical total only
+    assert stepwise_score("11+1+9=21=12+9", "21") == 0.0  # the last step counts, not any
+    assert stepwise_score("11+1+9=12+9=", "21") == 0.0
+    assert stepwise_score("", "21") == 0.0
 
 
 def test_countdown_score():
