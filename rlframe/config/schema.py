@@ -32,7 +32,8 @@ class ModelConfig:
 @dataclass
 class DataConfig:
     # Synthetic task made on first use, for each split that lists no files: arithmetic | countdown |
-    # tool_arithmetic (agent.enabled, preset agent); without model.path the tiny model pre-trained on it.
+    # stepwise | tool_arithmetic (agent.enabled, preset agent); without model.path the tiny model
+    # pre-trained on it.
     # train_files / val_files, when given, are used whatever the task (None: files only; docs/data.md).
     task: str | None = "arithmetic"
     train_files: list[str] = field(default_factory=list)
