@@ -65,7 +65,6 @@ def data_settings(cfg: RunConfig) -> dict:
     and the test split stays held out from it. `data.seed` is not here: it only orders the prompts.
     """
     from rlframe.data.pretrain import PRETRAIN_SEED, TASKS, default_sft
-    from rlframe.data.tool_task import DATA_SOURCE as TOOL_TASK
 
     task = cfg.data.task
     out = {"format": DATA_FORMAT, "task": task, "split_seed": PRETRAIN_SEED,
@@ -73,7 +72,7 @@ def data_settings(cfg: RunConfig) -> dict:
     if task in TASKS:
         sft = default_sft(task)
         return {**out, "spec": asdict(TASKS[task]), "num_train": sft.num_train, "num_test": sft.num_test}
-    raise ValueError(f"data.task={task!r} is not a synthetic task; use arithmetic, countdown or {TOOL_TASK}, "
+    raise ValueError(f"data.task={task!r} is not a synthetic task; use one of {', '.join(sorted(TASKS))}, "
                      "or set data.task=null and give data.train_files")
 
 
