@@ -50,11 +50,6 @@ ENGINE_KWARGS_OWNED = {
 }
 
 
-# Synthetic tasks whose ground truth is not the answer text SFT would train on: what it is instead.
-SFT_UNFIT_TASKS = {"countdown": "the target and the numbers (JSON)",
-                   "stepwise": "the total alone, while its answers are the worked steps"}
-
-
 def load_class(target: str):
     """The class named by "package.module:Class" (ValueError saying what is wrong otherwise)."""
     module, _, name = target.partition(":")
@@ -117,10 +112,12 @@ def _check_algorithm(cfg: RunConfig, out: list[str]) -> None:
                    f"so algorithm.n_samples must be >= 2 (got {alg.n_samples}); set algorithm.n_samples=4, say")
     if alg.name == "online_dpo" and alg.n_samples != 2:
         out.append(f"online DPO ranks two samples per prompt: set algorithm.n_samples=2 (got {alg.n_samples})")
-    if alg.name == "sft" and cfg.data.task in SFT_UNFIT_TASKS and not cfg.data.train_files:
+    from rlframe.data.synthetic import GROUND_TRUTH_NOT_ANSWER
+
+    if alg.name == "sft" and cfg.data.task in GROUND_TRUTH_NOT_ANSWER and not cfg.data.train_files:
         task = cfg.data.task
         out.append(f"algorithm.name=sft trains on each row's ground truth as the answer text, but data.task={task}'s "
-                   f"ground truth is {SFT_UNFIT_TASKS[task]}, not the answer text; train {task} with an RL "
+                   f"ground truth is {GROUND_TRUTH_NOT_ANSWER[task]}, not the answer text; train {task} with an RL "
                    "algorithm (its reward checks the answer), or give data.train_files whose ground truths are answers")
     if not out:  # keys that contradict the name (an unknown name or estimator is said above)
         from rlframe.config.algorithms import name_problems

@@ -40,8 +40,8 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from rlframe.data.synthetic import (ArithmeticSpec, CountdownSpec, StepwiseSpec, arithmetic_rows, countdown_rows,
-                                    stepwise_rows)
+from rlframe.data.synthetic import (GROUND_TRUTH_NOT_ANSWER, ArithmeticSpec, CountdownSpec, StepwiseSpec,
+                                    arithmetic_rows, countdown_rows, stepwise_rows)
 from rlframe.utils.machine import cpu_model
 from rlframe.data.tool_task import ToolArithmeticSpec
 
@@ -179,9 +179,8 @@ def sft_examples(task: str, *, seed: int, cfg: SFTConfig) -> tuple[list[tuple[st
         raise ValueError(f"task {task!r} trains on conversations; use chat_sft_examples")
     rows = task_rows(task, num_train=cfg.num_train, num_test=cfg.num_test, seed=seed)
 
-    def answer(row: dict) -> str:  # the stored solution where the ground truth is not the answer text (countdown:
-        # the target and numbers; stepwise: the total, which ends the worked steps)
-        if row["data_source"] in ("countdown", "stepwise"):
+    def answer(row: dict) -> str:  # the stored solution where the ground truth is not the answer text
+        if row["data_source"] in GROUND_TRUTH_NOT_ANSWER:
             return row["extra_info"]["solution"]
         return row["reward_model"]["ground_truth"]
 
@@ -272,7 +271,7 @@ def _pad_batch(tokenizer, seqs: list[list[int]], labels: list[list[int]]):
 
 class BatchDraw:
     """The indices of a training batch: `batch_size` uniform draws with replacement; with
-    `bucket_of`, the first draw picks a length class and the batch is drawn within it."""
+    `bucket_of`, one uniform draw of an item picks its length class and the batch is drawn within it."""
 
     def __init__(self, train: list, batch_size: int, *, bucket_of=None):
         self.n, self.batch_size = len(train), batch_size
@@ -284,10 +283,9 @@ class BatchDraw:
     def __call__(self, gen) -> list[int]:
         import torch
 
-        idx = torch.randint(self.n, (self.batch_size,), generator=gen).tolist()
         if not self.members_of:
-            return idx
-        members = self.members_of[idx[0]]
+            return torch.randint(self.n, (self.batch_size,), generator=gen).tolist()
+        members = self.members_of[int(torch.randint(self.n, (1,), generator=gen))]
         return [members[j] for j in torch.randint(len(members), (self.batch_size,), generator=gen).tolist()]
 
 

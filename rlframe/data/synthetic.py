@@ -31,6 +31,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 TASKS = ("arithmetic", "countdown", "stepwise")
+# Tasks whose ground truth is not the answer text, and what it is instead: their rows keep the answer
+# text (one solution) as extra_info["solution"], which their pre-training trains on.
+GROUND_TRUTH_NOT_ANSWER = {"countdown": "the target and the numbers (JSON)",
+                           "stepwise": "the total alone, while its answers are the worked steps"}
 _OPS = "+-*"
 
 
@@ -81,24 +85,34 @@ def _operand(rng: random.Random, spec: ArithmeticSpec) -> int:
     return rng.randint(lo, 10**spec.digits - 1)
 
 
+def distinct_draws(draw, n: int, prompt) -> list:
+    """Up to `n` results of `draw()` with distinct `prompt(result)`, in the order drawn. Rejection
+    sampling: the cap of 50 n + 1000 draws ends it when fewer than `n` distinct problems exist (the
+    caller says so)."""
+    seen: set[str] = set()
+    out: list = []
+    for _ in range(50 * n + 1000):
+        if len(out) == n:
+            break
+        item = draw()
+        if prompt(item) not in seen:
+            seen.add(prompt(item))
+            out.append(item)
+    return out
+
+
 def arithmetic_problems(n: int, *, spec: ArithmeticSpec, seed: int) -> list[tuple[str, str]]:
     """`n` distinct (prompt, answer) pairs, e.g. ("23+58=", "81"), deterministic from `seed`."""
     _validate_arith(spec)
     rng = random.Random(seed)
-    seen: set[str] = set()
-    out: list[tuple[str, str]] = []
-    # Rejection sampling; the cap guards against asking for more problems than exist.
-    for _ in range(50 * n + 1000):
-        if len(out) == n:
-            break
+
+    def draw() -> tuple[str, str]:
         a, b, op = _operand(rng, spec), _operand(rng, spec), rng.choice(spec.ops)
         if op == "-" and not spec.allow_negative and a < b:
             a, b = b, a
-        prompt = f"{a}{op}{b}="
-        if prompt in seen:
-            continue
-        seen.add(prompt)
-        out.append((prompt, str(eval_binary(a, op, b))))
+        return f"{a}{op}{b}=", str(eval_binary(a, op, b))
+
+    out = distinct_draws(draw, n, lambda problem: problem[0])
     if len(out) < n:
         raise ValueError(
             f"asked for {n} distinct arithmetic problems but only {len(out)} exist with "
@@ -135,6 +149,10 @@ def stepwise_solution(terms: list[int]) -> str:
     return "=".join(steps)
 
 
+def _stepwise_prompt(terms: list[int]) -> str:
+    return "+".join(map(str, terms)) + "="
+
+
 def stepwise_terms(rng: random.Random, spec: StepwiseSpec) -> list[int]:
     k = spec.min_terms
     while k < spec.max_terms and rng.random() < spec.tail:
@@ -148,23 +166,14 @@ def stepwise_rows(*, num_train: int, num_test: int, spec: StepwiseSpec, seed: in
         raise ValueError(f"stepwise needs 2 <= min_terms <= max_terms, 0 <= tail < 1 and single-digit operands "
                          f"(1 <= max_operand <= 9); got {spec}")
     rng = random.Random(seed)
-    seen: set[str] = set()
-    problems: list[list[int]] = []
-    for _ in range(50 * (num_train + num_test) + 1000):
-        if len(problems) == num_train + num_test:
-            break
-        terms = stepwise_terms(rng, spec)
-        prompt = "+".join(map(str, terms)) + "="
-        if prompt not in seen:
-            seen.add(prompt)
-            problems.append(terms)
+    problems = distinct_draws(lambda: stepwise_terms(rng, spec), num_train + num_test, _stepwise_prompt)
     if len(problems) < num_train + num_test:
         raise ValueError(f"only {len(problems)} distinct stepwise problems exist with {spec}; raise max_terms or max_operand")
     # Short sums are few (81 of two terms) and the first drawn: shuffled, both splits mix lengths alike.
     rng.shuffle(problems)
     splits = {"train": problems[:num_train], "test": problems[num_train:]}
     return {
-        split: [_row("+".join(map(str, t)) + "=", str(sum(t)), source="stepwise", split=split, index=i,
+        split: [_row(_stepwise_prompt(t), str(sum(t)), source="stepwise", split=split, index=i,
                      extra={"solution": stepwise_solution(t), "terms": len(t)}) for i, t in enumerate(items)]
         for split, items in splits.items()
     }
@@ -200,16 +209,12 @@ def countdown_rows(
     if count < 2 or max_number < 1:
         raise ValueError(f"countdown needs count >= 2 numbers (got {count}) and max_number >= 1 (got {max_number})")
     rng = random.Random(seed)
-    seen: set[str] = set()
-    problems = []
-    for _ in range(50 * (num_train + num_test) + 1000):
-        if len(problems) == num_train + num_test:
-            break
+
+    def draw() -> tuple[str, list[int], int, str]:
         nums, target, expr = countdown_problem(rng, count=count, max_number=max_number)
-        prompt = ",".join(map(str, nums)) + f"->{target}:"
-        if prompt not in seen:
-            seen.add(prompt)
-            problems.append((prompt, nums, target, expr))
+        return ",".join(map(str, nums)) + f"->{target}:", nums, target, expr
+
+    problems = distinct_draws(draw, num_train + num_test, lambda problem: problem[0])
     if len(problems) < num_train + num_test:
         raise ValueError(f"only {len(problems)} distinct countdown problems exist; raise --max-number or --count")
     out: dict[str, list[dict]] = {"train": [], "test": []}
