@@ -1,55 +1,29 @@
 """Every batch metric a step logs equals its definition in docs/metrics.md, recomputed here in plain
 PyTorch from the batch the update received (a test observer on the trainer; real Ray, workers and
-vLLM): a PPO run with a critic and the KL in the reward, a GRPO run with DAPO's length shaping and
-dynamic sampling, and an online DPO run. The rewards are recomputed by calling the reward function
-on the decoded responses, independently of the run's reward manager."""
+vLLM), in three of test_end_to_end.py's runs: PPO with a critic and the KL in the reward (adaptive
+coefficient), GRPO with DAPO's length shaping and dynamic sampling, and online DPO. The rewards are
+recomputed by calling the reward function on the decoded responses, independently of the run's
+reward manager."""
 
 import math
 
 import pytest
 import torch
 
-from rlframe.config import load_config, validate
-from rlframe.controller.preflight.run import run_observed
 from rlframe.rewards.registry import default_compute_score
-from rlframe.workers.rollout.stops import end_of_sequence_ids
 
-COMMON = ["data.response_length=6", "data.val_size=16", "rollout.kv_cache_bytes=33554432", "actor.micro_batch_size=4",
-          "critic.micro_batch_size=4", "rollout.temperature=0.9"]
+# the runs of test_end_to_end.CASES these checks observe, and what each must exercise
 RUNS = {
-    "ppo_critic": ("ppo_tiny", ["data.train_batch_size=16", "actor.mini_batch_size=8", "critic.mini_batch_size=8",
-                                "algorithm.kl_in_reward=true", "algorithm.kl_coef=0.05", "algorithm.kl_target=0.001"]),
-    "grpo_dapo": ("grpo_tiny", ["data.train_batch_size=4", "actor.mini_batch_size=16", "algorithm.name=dapo",
-                                "algorithm.dynamic_sampling=true", "algorithm.max_gen_batches=3",
-                                "algorithm.overlong_buffer_len=3", "algorithm.use_kl_loss=false"]),
-    "online_dpo": ("grpo_tiny", ["data.train_batch_size=8", "actor.mini_batch_size=16", "algorithm.name=online_dpo",
-                                 "algorithm.n_samples=2", "algorithm.use_kl_loss=false"]),
+    "ppo": lambda cfg: cfg.uses_critic and cfg.algorithm.kl_in_reward and bool(cfg.algorithm.kl_target),
+    "dapo": lambda cfg: cfg.algorithm.dynamic_sampling and cfg.algorithm.overlong_buffer_len > 0,
+    "online_dpo": lambda cfg: cfg.algorithm.name == "online_dpo",
 }
 
 
-class Recorder:
-    """Keeps each step's batch (as the update gets it) and metrics, and what they need to be checked."""
-
-    def __init__(self):
-        self.steps = []
-
-    def before_update(self, trainer, batch):
-        self.tokenizer, self.end_ids, self.cfg = trainer.tokenizer, end_of_sequence_ids(trainer.tokenizer,
-                                                                                        trainer.actor_path), trainer.cfg
-        self.batch = batch
-
-    def after_step(self, trainer, metrics):
-        self.steps.append((self.batch, dict(metrics)))
-
-    def finish(self, steps):
-        pass
-
-
 @pytest.fixture(scope="module", params=list(RUNS))
-def recorded(request, ray_cluster):
-    name, overrides = RUNS[request.param]
-    rec = Recorder()
-    run_observed(validate(load_config(name, COMMON + overrides)), rec, steps=2)
+def recorded(request, dataflow_run):
+    _, _, rec = dataflow_run(request.param)
+    assert rec.steps and RUNS[request.param](rec.cfg), f"{request.param}: not the run these checks need"
     return request.param, rec
 
 
@@ -128,5 +102,7 @@ def test_logged_metrics_equal_their_definitions(recorded):
             assert math.isclose(logged[key], value, rel_tol=1e-5, abs_tol=1e-6), (name, key, logged[key], value)
             checked.add(key)
     assert len(checked) >= (1 if name == "online_dpo" else 20), sorted(checked)
-    if name == "ppo_critic":  # the adaptive controller moved between the steps: the check above is not vacuous
+    if name == "ppo":  # the adaptive controller moved between the steps, and the actor away from the reference:
+        # the checks above are not vacuous
         assert rec.steps[0][1]["actor/kl_coef"] != rec.steps[1][1]["actor/kl_coef"]
+        assert any(logged["actor/reward_kl_penalty"] != 0 for _, logged in rec.steps)
