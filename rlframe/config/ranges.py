@@ -166,6 +166,7 @@ def _choices() -> dict[str, tuple]:
             "agent.mode": ("tools", "openai"),
             "reward.ensemble": ("mean", "min"),
             "resources.placement": ("colocated", "split"), "trainer.loggers": SINKS,
+            "trainer.async_mode": ("batch", "stream"),
             "algorithm.off_policy_correction": OFF_POLICY_CORRECTIONS}
 
 

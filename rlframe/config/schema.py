@@ -274,6 +274,11 @@ class TrainerConfig:
     # Asynchronous training (placement=split): the rollout for step t may come from the weights of step
     # t-1-k or later, so generation of the next batches overlaps training. 0: synchronous.
     max_staleness: int = 0
+    # How asynchronous training generates (max_staleness > 0): batch = whole batches, the next k launched
+    # while one trains (controller/trainers/async_rollout.py); stream = the generation group never waits:
+    # prompt groups are admitted as others complete, while the staleness bound allows, in rounds of
+    # rollout.partial_budget tokens, new weights loading between rounds (stream_rollout.py, docs/async.md).
+    async_mode: str = "batch"
     # Every this many steps, check that the rollout engine holds exactly the trainer's weights after
     # the sync (per-slice checksums, controller/trainers/weight_check.py). 0: never.
     check_weight_sync_every: int = 0

@@ -252,8 +252,15 @@ def _check_kl_and_sampling(cfg: RunConfig, out: list[str]) -> None:
         if blocked:
             out.append(f"trainer.max_staleness={k} is not available with {', '.join(blocked)} (their generation is "
                        "not one batch per step); use max_staleness=0")
+    stream = cfg.trainer.async_mode == "stream"
+    if stream and k < 1:
+        out.append("trainer.async_mode=stream bounds how old a rollout may be by trainer.max_staleness, which is "
+                   f"{k}; set max_staleness >= 1 (with resources.placement=split), or async_mode=batch")
+    if stream and k > 0 and b <= 0:
+        out.append("trainer.async_mode=stream generates in rounds of rollout.partial_budget tokens per response "
+                   "(new weights load between rounds), which is 0; set it, for example rollout.partial_budget=32")
     if b > 0:
-        blocked = blocking(("trainer.max_staleness > 0", k > 0))
+        blocked = blocking(*(() if stream else (("trainer.max_staleness > 0", k > 0),)))
         if blocked:
             out.append(f"rollout.partial_budget={b} is not available with {', '.join(blocked)} (partial rollouts "
                        "carry unfinished responses from one step's generation to the next, which those "

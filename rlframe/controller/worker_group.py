@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any, Iterator
@@ -63,18 +64,20 @@ class CallRecord:
         return self.submit_s + self.answer_s + self.collect_s
 
 
-_recorders: list[list[CallRecord]] = []
+_recorders: list[tuple[int, list[CallRecord]]] = []
 
 
 @contextlib.contextmanager
 def record_calls() -> Iterator[list[CallRecord]]:
-    """Collect a CallRecord for every group call gathered inside the block (in this driver)."""
+    """Collect a CallRecord for every group call gathered inside the block by this thread (streaming
+    rollouts gather their generation calls in a thread of their own)."""
     calls: list[CallRecord] = []
-    _recorders.append(calls)
+    entry = (threading.get_ident(), calls)
+    _recorders.append(entry)
     try:
         yield calls
     finally:
-        _recorders.remove(calls)
+        _recorders.remove(entry)
 
 
 @dataclass
@@ -182,8 +185,9 @@ def _gathered(outs: list[tuple[RankInfo, tuple]], collect, record: CallRecord | 
         record.compute_s = max((answer[1] for _, answer in outs), default=0.0)
         if record.durations is not None:
             record.durations[record.key] = record.compute_s
-        for calls in _recorders:
-            calls.append(record)
+        for thread, calls in _recorders:
+            if thread == threading.get_ident():
+                calls.append(record)
         if record.trace is not None:
             record.trace.finish([(info.rank, answer) for info, answer in outs], transport.payload_bytes)
     return result

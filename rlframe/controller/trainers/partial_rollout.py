@@ -145,11 +145,18 @@ class PartialRollouts:
     def _generate_round(self, samples: list[Sample], step: int, version: int, *, salt: int, metrics: dict) -> int:
         """<= budget more tokens for each of `samples`, sampled by the current weights; returns the
         tokens sampled past data.response_length (cut off, never trained)."""
+        pending = self.launch_round(samples, step, salt=salt)
+        out, gen_m = pending.result()
+        phases.add_generation_metrics(metrics, gen_m)
+        return self.apply_round(samples, out, version, budget=pending.budget)
+
+    def launch_round(self, samples: list[Sample], step: int, *, salt: int, push: bool = True) -> phases.PendingGeneration:
+        """Start the generation of <= budget more tokens for each of `samples` (the prompt and its
+        tokens so far as the prompt, n=1) without waiting; `.budget` is the round's token budget."""
         t, limit = self.trainer, self.trainer.cfg.data.response_length
         where = {id(s): (g, j) for g in self.pool for j, s in enumerate(g.samples)}
-        todo = [(where[id(s)][0].prompt, s) for s in samples]
-        rows = [prompt + s.tokens for prompt, s in todo]
-        budget = min(self.budget, max(limit - len(s.tokens) for _, s in todo))
+        rows = [where[id(s)][0].prompt + s.tokens for s in samples]
+        budget = min(self.budget, max(limit - len(s.tokens) for s in samples))
         gen_in = DataProto.from_dict(tensors=prompts_from_rows(rows, pad_id=self.pad_id))
         sampling = phases.sampling_for(t.cfg, n=1, temperature=t.cfg.rollout.temperature,
                                        seed=t.sample_seed(salt=1000 + salt, step=step))
@@ -157,12 +164,18 @@ class PartialRollouts:
         # a segment's seed: the step, the group, the sample and the segment (never the row's position)
         gen_in.batch[SEED_KEY] = seeds_for([(t.sample_seed(step=step), str(where[id(s)][0].fields.get("uid", "")),
                                              where[id(s)][1], len(s.versions)) for s in samples])
-        out, gen_m = phases.generate(t.roles, gen_in, sampling=sampling, replicas=t.roles.replicas)
-        phases.add_generation_metrics(metrics, gen_m)
+        pending = phases.launch_generation(t.roles, gen_in, sampling=sampling, replicas=t.roles.replicas, push=push)
+        pending.budget = budget
+        return pending
+
+    def apply_round(self, samples: list[Sample], out: DataProto, version: int, *, budget: int) -> int:
+        """Append a round's tokens (`out`, rows in the order of `samples`) to its samples, the tokens
+        sampled by the weights of `version`; returns the tokens past data.response_length (dropped)."""
+        limit = self.trainer.cfg.data.response_length
         resp, rmask = out.batch["responses"], out.batch["response_mask"].bool()
         lps = out.batch["rollout_log_probs"]
         discarded = 0
-        for i, (_, s) in enumerate(todo):
+        for i, s in enumerate(samples):
             toks, lp = resp[i][rmask[i]].tolist(), lps[i][rmask[i]].tolist()
             room = limit - len(s.tokens)
             discarded += max(0, len(toks) - room)

@@ -17,6 +17,7 @@ One step, as the driver sees it (each line one call on a worker group, or a pure
 
 from __future__ import annotations
 
+import contextlib
 import time
 from pathlib import Path
 
@@ -39,6 +40,7 @@ from rlframe.controller.trainers.partial_rollout import PartialRollouts
 from rlframe.controller.trainers.preemption import Preempted, PreemptionWatch
 from rlframe.controller.trainers.prepare import build_data, model_path
 from rlframe.controller.trainers.roles import build_roles
+from rlframe.controller.trainers.stream_rollout import StreamingRollouts
 from rlframe.controller.trainers.tracking import Tracker, format_console, progress
 from rlframe.controller.trainers.validation import validate
 from rlframe.controller.worker_group import record_calls
@@ -85,8 +87,9 @@ class PPOTrainer:
         self.saved: Path | None = None  # the checkpoint of this run last written or resumed from
         self.observer = None  # rlframe preflight's checks (controller/preflight), when it runs this trainer
         self.pipeline = None  # made after resume (asynchronous rollouts, trainer.max_staleness > 0)
-        budget = cfg.rollout.partial_budget
-        self.partial = PartialRollouts(self, budget=budget) if budget > 0 else None
+        self.stream_state = None  # streaming rollouts: the pool a resumed checkpoint holds
+        budget, stream = cfg.rollout.partial_budget, cfg.trainer.async_mode == "stream"
+        self.partial = PartialRollouts(self, budget=budget) if budget > 0 and not stream else None
 
     # ---- the loop ------------------------------------------------------------------------------
     def fit(self) -> dict:
@@ -99,7 +102,10 @@ class PPOTrainer:
             say(format_console(0, cfg.total_steps, val))
             startup.mark("validation at step 0")
         say(startup.summary())
-        if cfg.max_staleness > 0:
+        if cfg.max_staleness > 0 and cfg.async_mode == "stream":
+            self.pipeline = StreamingRollouts(self, max_staleness=cfg.max_staleness,
+                                              budget=self.cfg.rollout.partial_budget, state=self.stream_state)
+        elif cfg.max_staleness > 0:
             self.pipeline = RolloutPipeline(self, max_staleness=cfg.max_staleness)
         first = self.step + 1
         bar = progress(total=cfg.total_steps, initial=self.step, enabled=cfg.progress_bar)
@@ -110,8 +116,11 @@ class PPOTrainer:
             bar.close()
             self.tracker.close()  # every logged step reaches its files before the workers stop
             raise
+        finally:
+            if isinstance(self.pipeline, StreamingRollouts):  # its thread stops after its round, even on an error
+                self.pipeline.drain()
         bar.close()
-        if self.pipeline is not None:
+        if isinstance(self.pipeline, RolloutPipeline):
             self.pipeline.drain()
         return self.finish()
 
@@ -130,7 +139,8 @@ class PPOTrainer:
                 metrics.update(startup.metrics())
             if cfg.val_every > 0 and (self.step % cfg.val_every == 0 or self.step == cfg.total_steps):
                 metrics.update(self.validate())
-                metrics.update(self.roles.memory())  # peaks so far: at the validation steps, one call a group
+                with self.generation_paused():
+                    metrics.update(self.roles.memory())  # peaks so far: at the validation steps, one call a group
             self.tracker.log(metrics, step=self.step)
             bar.update(metrics)
             due = cfg.save_every_minutes > 0 and time.monotonic() - self._last_save >= 60 * cfg.save_every_minutes
@@ -285,7 +295,13 @@ class PPOTrainer:
     def validate(self) -> dict:
         if self.val_set is None:
             return {}
-        return validate(self, self.val_set)
+        with self.generation_paused():
+            return validate(self, self.val_set)
+
+    def generation_paused(self):
+        """Streaming rollouts generate in a thread of their own: pause it (at a round's boundary) around
+        the trainer's own calls on the generation group and around checkpoints of its pool."""
+        return self.pipeline.paused() if isinstance(self.pipeline, StreamingRollouts) else contextlib.nullcontext()
 
     def check_weight_sync(self) -> dict:
         """trainer.check_weight_sync_every: the rollout engine must hold exactly the trainer's weights
@@ -293,7 +309,8 @@ class PPOTrainer:
         from rlframe.controller.preflight.checks import InvariantViolation
         from rlframe.controller.trainers.weight_check import check_weight_sync, weight_check_metrics
 
-        result = check_weight_sync(self.roles, sync_first=self.pipeline is None)
+        with self.generation_paused():
+            result = check_weight_sync(self.roles, sync_first=self.pipeline is None)
         if result.get("sync/mismatched_slices"):
             raise InvariantViolation(
                 f"step {self.step}: after the weight sync the rollout engine holds other weights than the trainer "
@@ -332,10 +349,13 @@ class PPOTrainer:
             if self.roles.critic is not None:
                 self.roles.critic.save_checkpoint(str(tmp / "critic"))
 
-        state = {"dataloader": self.loader.state_dict() if self.pipeline is None else self.pipeline.loader_state(),
-                 "kl_ctrl": self.kl_ctrl.state_dict(), "rng": driver_rng_state()}
-        if self.partial is not None:  # responses in progress continue after a resume
-            state["partial_rollouts"] = self.partial.state_dict()
+        with self.generation_paused():  # the pool and the data loader as one consistent picture
+            state = {"dataloader": self.loader.state_dict() if self.pipeline is None else self.pipeline.loader_state(),
+                     "kl_ctrl": self.kl_ctrl.state_dict(), "rng": driver_rng_state()}
+            if self.partial is not None:  # responses in progress continue after a resume
+                state["partial_rollouts"] = self.partial.state_dict()
+            if isinstance(self.pipeline, StreamingRollouts):
+                state["stream_rollouts"] = self.pipeline.state_dict()
         self.saved = self.ckpt.save(self.step, save_roles=save_roles, state=state)
 
     def resume(self) -> None:
@@ -363,6 +383,7 @@ class PPOTrainer:
         restore_driver_rng(state["rng"])
         if self.partial is not None:
             self.partial.load_state_dict(state.get("partial_rollouts", {"started": 0, "completed_first": 0, "pool": []}))
+        self.stream_state = state.get("stream_rollouts")
         self.step = int(state["step"])
         self.saved = path
         self.tracker.resume_history(self.step)
