@@ -277,7 +277,7 @@ class TrainerConfig:
     # How asynchronous training generates (max_staleness > 0): batch = whole batches, the next k launched
     # while one trains (controller/trainers/async_rollout.py); stream = the generation group never waits:
     # prompt groups are admitted as others complete, while the staleness bound allows, in rounds of
-    # rollout.partial_budget tokens, new weights loading between rounds (stream_rollout.py, docs/async.md).
+    # rollout.partial_budget tokens, new weights loading between rounds (stream_rollout.py, docs/placement.md).
     async_mode: str = "batch"
     # Every this many steps, check that the rollout engine holds exactly the trainer's weights after
     # the sync (per-slice checksums, controller/trainers/weight_check.py). 0: never.

@@ -11,7 +11,7 @@ Three tasks, each with answers a rule can check (see `rlframe.rewards.verifiers`
 - `stepwise`: a sum of single-digit numbers worked one addition at a time, each step rewriting the
   rest: "3+8+1+9=" -> "11+1+9=12+9=21". A problem of k terms takes k-1 steps and about k^2
   characters; k is drawn with a geometric tail (`StepwiseSpec`), so most responses are tens of
-  tokens and a few are hundreds: the long-tailed, generation-bound workload of docs/async.md. The
+  tokens and a few are hundreds: the long-tailed, generation-bound workload for the asynchronous modes (docs/placement.md). The
   reward reads the number after the last "=".
 
 Rows: `prompt` = [{"role": "user", "content": ...}], `data_source`, `ability`,

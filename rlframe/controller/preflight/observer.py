@@ -91,7 +91,8 @@ class PreflightObserver:
     def _weight_sync(self, trainer) -> Check | None:
         from rlframe.controller.trainers.weight_check import check_weight_sync
 
-        result = check_weight_sync(trainer.roles, sync_first=trainer.pipeline is None)
+        with trainer.generation_paused():  # streaming rollouts: no round in flight on the generation group
+            result = check_weight_sync(trainer.roles, sync_first=trainer.pipeline is None)
         if result.get("skipped"):
             return None
         bad = result["sync/mismatched_slices"]

@@ -24,7 +24,7 @@ FACTORS: dict[str, tuple] = {
     "lora": ("off", "dropout"),
     "partial": ("off", "on"),
     "agent": ("off", "on", "openai"),  # openai: the tool task as an OpenAI-API environment (agent.mode=openai)
-    "async": (0, 1),
+    "async": (0, 1, "stream"),  # trainer.max_staleness=1; stream: async_mode=stream in rounds of 3 tokens
     "precision": ("fp32", "bf16"),
     "recompute": ("off", "on"),  # activation_checkpointing of the trained roles
     "sync": ("full", "delta"),  # rollout.weight_sync (delta: every 2nd sync full)
@@ -99,7 +99,9 @@ def config_for(row: dict) -> tuple[str, list[str]]:
               "data.response_length=48"]
     if row["agent"] == "openai":
         o += ["agent.mode=openai", f"agent.environment={ENVIRONMENT}:episode"]
-    if row["async"]:
+    if row["async"] == "stream":
+        o += ["trainer.max_staleness=1", "trainer.async_mode=stream", "rollout.partial_budget=3"]
+    elif row["async"]:
         o.append(f"trainer.max_staleness={row['async']}")
     if row["precision"] == "bf16":
         o.append("actor.precision=bf16")

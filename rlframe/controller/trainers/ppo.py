@@ -296,7 +296,10 @@ class PPOTrainer:
         if self.val_set is None:
             return {}
         with self.generation_paused():
-            return validate(self, self.val_set)
+            out = validate(self, self.val_set)
+            if isinstance(self.pipeline, StreamingRollouts):  # validation generated with (so pushed) these weights
+                self.pipeline.weights_pushed(self.step)
+            return out
 
     def generation_paused(self):
         """Streaming rollouts generate in a thread of their own: pause it (at a round's boundary) around
@@ -373,6 +376,7 @@ class PPOTrainer:
             self.tracker.resume_history(-1)
             return
         state = self.ckpt.load_state(path)
+        _check_in_flight(state, self.cfg, checkpoint=path)
         for line in resume_changes(self.ckpt.run_info(path), self.cfg, checkpoint=path):
             say(line)
         self.roles.actor.load_checkpoint(str(path / "actor"))
@@ -418,3 +422,17 @@ class PPOTrainer:
 def _layout_text(role) -> str:
     return (f"{role.strategy} dp={role.dp} tp={role.tp}" + (f" pp={role.pp}" if role.pp > 1 else "")
             + (f" sp={role.sp}" if role.sp > 1 else ""))
+
+
+def _check_in_flight(state: dict, cfg: RunConfig, *, checkpoint: Path) -> None:
+    """Responses in progress in a checkpoint continue only in the mode that wrote them: resumed in another,
+    their prompts (drawn from the data loader already) would never be trained."""
+    stream = cfg.trainer.max_staleness > 0 and cfg.trainer.async_mode == "stream"
+    partial = cfg.rollout.partial_budget > 0 and not stream
+    for key, setting, same in (("stream_rollouts", "trainer.async_mode=stream (with max_staleness > 0)", stream),
+                               ("partial_rollouts", "rollout.partial_budget > 0 (without async_mode=stream)", partial)):
+        pool = (state.get(key) or {}).get("pool") or []
+        if pool and not same:
+            raise ValueError(f"{checkpoint} holds {len(pool)} prompt groups in progress of {key.replace('_', ' ')}, "
+                             f"which this run would drop; resume it with {setting} as it was written, or start "
+                             "a fresh run in another trainer.output_dir")

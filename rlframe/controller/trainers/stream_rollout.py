@@ -50,6 +50,7 @@ class StreamingRollouts:
         self.want = trainer.cfg.data.train_batch_size
         self.parts = PartialRollouts(trainer, budget=budget)  # the pool of groups and their rounds
         if state is not None:
+            _check_resumable(state, batch_size=self.want, max_staleness=max_staleness)
             self.parts.load_state_dict(state)
         self.start_version: dict[int, int] = {}  # id(group) -> the version of its first tokens
         for g in self.parts.pool:
@@ -133,8 +134,15 @@ class StreamingRollouts:
                 self.cond.notify_all()
 
     def state_dict(self) -> dict:
-        """The pool (call inside `paused`): every admitted group not yet trained, with its tokens so far."""
-        return self.parts.state_dict()
+        """The pool (call inside `paused`): every admitted group not yet trained, with its tokens so far,
+        and the batch size and bound its admission counted with."""
+        return {**self.parts.state_dict(), "train_batch_size": self.want, "max_staleness": self.k}
+
+    def weights_pushed(self, version: int) -> None:
+        """The trainer's thread pushed the weights of `version` itself (validation generates with the
+        current weights, inside `paused`): later rounds record that version."""
+        with self.cond:
+            self.gen_version = self.published = max(self.gen_version, version)
 
     def loader_state(self) -> dict:
         """Where a checkpoint's data loader resumes: after the last prompt drawn (those not yet trained are
@@ -175,7 +183,7 @@ class StreamingRollouts:
             self.busy = True
             push = self.published > self.gen_version
             target = self.published
-        self.totals["idle_s"] += time.perf_counter() - idle0
+            self.totals["idle_s"] += time.perf_counter() - idle0
         try:
             if push:  # the trainer waits in next(): the actor group is free
                 t0 = time.perf_counter()
@@ -235,3 +243,15 @@ class StreamingRollouts:
 
 def _zero_totals() -> dict:
     return {"tokens": 0, "gen_s": 0.0, "idle_s": 0.0, "push_s": 0.0}
+
+
+def _check_resumable(state: dict, *, batch_size: int, max_staleness: int) -> None:
+    """The pool of a checkpoint was admitted for its batch size and staleness bound: resuming it with
+    another batch size, or a tighter bound, could leave groups older than the bound allows."""
+    was_b, was_k = state.get("train_batch_size", batch_size), state.get("max_staleness", max_staleness)
+    if was_b != batch_size or was_k > max_staleness:
+        raise ValueError(
+            f"the checkpoint holds {len(state.get('pool', []))} prompt groups of streaming rollouts admitted with "
+            f"data.train_batch_size={was_b} and trainer.max_staleness={was_k}; this run has {batch_size} and "
+            f"{max_staleness}. Resume with data.train_batch_size={was_b} and trainer.max_staleness >= {was_k}, "
+            "or start a fresh run in another trainer.output_dir")

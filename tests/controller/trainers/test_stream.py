@@ -86,3 +86,25 @@ def test_stream_mode_config_errors(extra, says):
          if "resources.placement=colocated" not in extra else [])
     with pytest.raises(ConfigError, match=says):
         validate(load_config("grpo_tiny", COMMON + base + extra))
+
+
+def test_a_checkpoint_with_responses_in_progress_resumes_only_in_the_mode_that_wrote_them():
+    from rlframe.controller.trainers.ppo import _check_in_flight
+    from rlframe.controller.trainers.stream_rollout import _check_resumable
+
+    stream = validate(load_config("grpo_tiny", COMMON + STREAM))
+    batch = validate(load_config("grpo_tiny", COMMON + [o for o in STREAM if "async_mode" not in o
+                                                        and "partial_budget" not in o]))
+    partial = validate(load_config("grpo_tiny", COMMON + ["rollout.partial_budget=2"]))
+    group = {"prompt": [5], "fields": {"uid": "e0-p0-0"}, "samples": []}
+    streamed, cut = {"stream_rollouts": {"pool": [group]}}, {"partial_rollouts": {"pool": [group]}}
+    _check_in_flight(streamed, stream, checkpoint="ck")
+    _check_in_flight(cut, partial, checkpoint="ck")
+    _check_in_flight({"stream_rollouts": {"pool": []}}, batch, checkpoint="ck")  # nothing in flight: any mode
+    for state, cfg in ((streamed, batch), (streamed, partial), (cut, stream), (cut, batch)):
+        with pytest.raises(ValueError, match="which this run would drop; resume it with"):
+            _check_in_flight(state, cfg, checkpoint="ck")
+    _check_resumable({"pool": [], "train_batch_size": 8, "max_staleness": 2}, batch_size=8, max_staleness=3)
+    for b, k in ((4, 2), (8, 1)):
+        with pytest.raises(ValueError, match="data.train_batch_size=8 and trainer.max_staleness >= 2"):
+            _check_resumable({"pool": [], "train_batch_size": 8, "max_staleness": 2}, batch_size=b, max_staleness=k)
