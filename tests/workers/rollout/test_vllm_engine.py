@@ -226,3 +226,33 @@ def test_row_seeds_make_samples_independent_of_the_split(engines):
                   for part in (slice(3, 6), slice(0, 3))]
         assert torch.equal(torch.cat(halves[::-1]), whole), type(engine).__name__
         assert len({tuple(r.tolist()) for r in whole}) == 6, whole
+
+
+def test_a_response_continued_in_rounds_equals_one_uninterrupted_greedy_request(engines):
+    """What partial and streaming rollouts do between rounds (and around a weight load): a response cut
+    after every 4 tokens and continued with its tokens so far as the prompt is token for token the one
+    an uninterrupted request gives with the same weights (greedy), and its log-probs agree."""
+    from rlframe.workers.rollout.batch import prompts_from_rows
+
+    vllm_engine, hf_engine, _, _ = engines
+    tok = hf_engine.tokenizer
+    prompts = prompt_batch(tok, 8)
+    whole = vllm_engine.generate(prompts, GREEDY).batch
+    rows = [ids[m.bool()].tolist() for ids, m in zip(prompts["input_ids"], prompts["attention_mask"])]
+    tokens, log_probs = [[] for _ in rows], [[] for _ in rows]
+    done = [False] * len(rows)
+    for _ in range(GREEDY.max_new_tokens // 4):
+        todo = [i for i in range(len(rows)) if not done[i]]
+        out = vllm_engine.generate(prompts_from_rows([rows[i] + tokens[i] for i in todo], pad_id=tok.pad_token_id),
+                                   replace(GREEDY, max_new_tokens=4)).batch
+        for j, i in enumerate(todo):
+            mask = out["response_mask"][j].bool()
+            new = out["responses"][j][mask].tolist()
+            tokens[i] += new
+            log_probs[i] += out["rollout_log_probs"][j][mask].tolist()
+            done[i] = len(new) < 4 or new[-1] == tok.eos_token_id
+    for i in range(len(rows)):
+        mask = whole["response_mask"][i].bool()
+        assert tokens[i] == whole["responses"][i][mask].tolist(), i
+        assert torch.allclose(torch.tensor(log_probs[i]), whole["rollout_log_probs"][i][mask], atol=1e-4), i
+    assert any(len(t) > 4 for t in tokens)  # some were really continued
