@@ -8,7 +8,8 @@ PPO with a critic) with the same data, seed and step budget; only the placement 
 - colocated: 2 processes, each with actor (fsdp dp2), critic, reference and vLLM (the hybrid engine);
 - split: actor (1 process), critic (1), reference (1), vLLM (1) in their own groups, weights pushed
   over the channel after each update;
-- split async k: as split, with trainer.max_staleness=k (TIS correction, cap 2).
+- split async k: as split, with trainer.max_staleness=k (TIS correction, cap 2);
+- split stream k=2: as split, streaming rollouts (trainer.async_mode=stream) in rounds of 4 tokens.
 Runs alternate between the layouts (all layouts, then all again) so background load hits them alike.
 Reported per layout (medians over the repeats): the training wall time (sum of the step times,
 validation excluded), tokens per second over that time, the wall time at which held-out greedy
@@ -39,6 +40,9 @@ LAYOUTS = {
     "split sync": SPLIT,
     "split async k=1": SPLIT + ["trainer.max_staleness=1", "algorithm.off_policy_correction=tis"],
     "split async k=2": SPLIT + ["trainer.max_staleness=2", "algorithm.off_policy_correction=tis"],
+    # streaming rollouts (docs/placement.md): rounds of 4 tokens, above most of this task's responses
+    "split stream k=2": SPLIT + ["trainer.max_staleness=2", "trainer.async_mode=stream", "rollout.partial_budget=4",
+                                 "algorithm.off_policy_correction=tis"],
 }
 
 
@@ -93,13 +97,16 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--target", type=float, default=0.60)
     ap.add_argument("--no-write", action="store_true")
+    ap.add_argument("--layouts", nargs="+", choices=list(LAYOUTS), default=list(LAYOUTS),
+                    help="a subset of the layouts (the table in docs/benchmarks.md is written only with all of them)")
     args = ap.parse_args()
+    layouts = {name: LAYOUTS[name] for name in args.layouts}
     before = machine_state()
     print(f"before: load {before['load1']:.2f}, matmul {before['gflops']:.0f} GFLOP/s", flush=True)
-    results: dict[str, list[dict]] = {name: [] for name in LAYOUTS}
+    results: dict[str, list[dict]] = {name: [] for name in layouts}
     with tempfile.TemporaryDirectory() as tmp:
         for rep in range(args.repeats):
-            for name, overrides in LAYOUTS.items():
+            for name, overrides in layouts.items():
                 res = summarize(run_once(name, overrides, steps=args.steps, out=Path(tmp) / str(rep))["rows"],
                                 target=args.target)
                 results[name].append(res)
@@ -113,7 +120,7 @@ def main() -> None:
         return statistics.median(vals) if vals else None
 
     table = []
-    for name in LAYOUTS:
+    for name in layouts:
         runs = results[name]
         reached = med(name, "reached_s")
         table.append([name, f"{med(name, 'train_s'):.1f} [{min(r['train_s'] for r in runs):.1f}-"
@@ -124,7 +131,7 @@ def main() -> None:
               f"s to {args.target:.0%} held-out", "final accuracy (each run)", "max staleness"]
     text = markdown_table(header, table)
     print(text)
-    if args.no_write:
+    if args.no_write or len(layouts) < len(LAYOUTS):
         return
     png = ROOT / "docs" / "async.png"
     plot(results, png, args.target)
