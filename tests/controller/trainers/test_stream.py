@@ -1,8 +1,9 @@
 """Streaming rollouts (trainer.async_mode=stream, split placement) on real Ray, vLLM and gloo: the
 generation group runs in rounds of rollout.partial_budget tokens while the trainer trains, every
 sample's staleness stays within trainer.max_staleness (asserted per sample in the trainer too),
-responses in progress continue across weight loads, and a resume from a checkpoint taken with
-groups in flight trains every prompt exactly once."""
+responses are cut into rounds and continued, and a resume from a checkpoint taken with groups in
+flight trains every prompt exactly once. (Whether a response's rounds span a weight load depends on
+timing; that a continued response equals an uninterrupted one is test_vllm_engine.py's.)"""
 
 import json
 from collections import Counter
