@@ -113,7 +113,7 @@ def test_agent_loop_vllm_equals_transformers_and_masks_tool_turns(setup):
 
 @pytest.mark.slow
 def test_grpo_with_tools_trains(tmp_path, ray_cluster):
-    """(agent.mode=openai runs end to end in the suite as preflight rows 0 and 7, PPO on megatron and split: tests/controller/preflight.)"""
+    """(agent.mode=openai runs end to end in the suite as its two preflight rows, GRPO with split placement and PPO on megatron: tests/controller/preflight/test_preflight.py.)"""
     _, summary = run("grpo_tiny", AGENT + ["data.train_batch_size=4", "trainer.val_every=2",
                                            "rollout.kv_cache_bytes=33554432"], tmp_path)
     rows = {r["step"]: r for r in map(json.loads, (Path(summary["run_dir"]) / "metrics.jsonl").read_text().splitlines())}
