@@ -113,18 +113,14 @@ class PartialRollouts:
         self.pool = [g for g in self.pool if not any(g is r for r in ready)]
         batch = self._batch(ready)
         samples = [s for g in ready for s in g.samples]
-        oldest = torch.tensor([min(s.versions) for s in samples], dtype=torch.long)
-        staleness = version - oldest
-        batch.batch["policy_version"] = oldest
         segments = torch.tensor([len(s.versions) for s in samples], dtype=torch.float32)
+        metrics.update(stamp_versions(batch, samples, version))
         metrics.update({
             "partial/rounds": float(rounds), "partial/discarded_tokens": float(discarded),
             "partial/segments_mean": float(segments.mean()), "partial/continued_frac": float((segments > 1).float().mean()),
             "partial/pool_groups": float(len(self.pool)),
             "partial/unfinished_samples": float(sum(bool(s.versions) and not s.done for g in self.pool for s in g.samples)),
             "partial/first_segment_complete_frac": self.completed_first / max(self.started, 1),
-            "async/staleness": float(staleness.max()), "async/staleness_mean": float(staleness.float().mean()),
-            "async/policy_version": float(oldest.min()),
         })
         return batch, metrics
 
@@ -219,6 +215,16 @@ class PartialRollouts:
         self.started, self.completed_first = int(state["started"]), int(state["completed_first"])
         self.pool = [Group(prompt=list(g["prompt"]), fields=dict(g["fields"]),
                            samples=[Sample(**s) for s in g["samples"]]) for g in state["pool"]]
+
+
+def stamp_versions(batch: DataProto, samples: list[Sample], version: int) -> dict[str, float]:
+    """Sets each row's `policy_version` (its oldest segment's: the version of its first tokens) and
+    returns the staleness metrics against the trainer's `version`."""
+    oldest = torch.tensor([min(s.versions) for s in samples], dtype=torch.long)
+    staleness = version - oldest
+    batch.batch["policy_version"] = oldest
+    return {"async/staleness": float(staleness.max()), "async/staleness_mean": float(staleness.float().mean()),
+            "async/policy_version": float(oldest.min())}
 
 
 def plain_json(value):

@@ -39,7 +39,7 @@ import time
 import torch
 
 from rlframe.controller.trainers import phases
-from rlframe.controller.trainers.partial_rollout import Group, PartialRollouts
+from rlframe.controller.trainers.partial_rollout import Group, PartialRollouts, stamp_versions
 from rlframe.protocol import DataProto
 from rlframe.utils import trace
 
@@ -88,18 +88,16 @@ class StreamingRollouts:
             generating = sum(g.started and not g.done for g in self.parts.pool)
         batch = self.parts._batch(ready)
         samples = [s for g in ready for s in g.samples]
-        first = torch.tensor([v for v, g in zip(starts, ready) for _ in g.samples], dtype=torch.long)
-        staleness = version - first
-        # the bound the admission rule guarantees, per sample
+        ages = stamp_versions(batch, samples, version)
+        # the bound the admission rule guarantees, per sample (each one's first tokens are its group's start)
+        staleness = version - batch.batch["policy_version"]
+        assert all(min(s.versions) == v for v, g in zip(starts, ready) for s in g.samples), starts
         assert int(staleness.max()) <= self.k and int(staleness.min()) >= 0, (staleness.tolist(), self.k)
-        batch.batch["policy_version"] = first
         segments = torch.tensor([len(s.versions) for s in samples], dtype=torch.float32)
         mixed = torch.tensor([len(set(s.versions)) > 1 for s in samples], dtype=torch.float32)
         metrics = {
             **sync,
-            "timing_s/wait_for_rollout": time.perf_counter() - t0,
-            "async/staleness": float(staleness.max()), "async/staleness_mean": float(staleness.float().mean()),
-            "async/policy_version": float(first.min()),
+            "timing_s/wait_for_rollout": time.perf_counter() - t0, **ages,
             "stream/pool_groups": float(in_pool), "stream/generating_groups": float(generating),
             "stream/segments_mean": float(segments.mean()), "stream/versions_mixed_frac": float(mixed.mean()),
             "stream/gen_tokens": float(totals["tokens"]), "stream/gen_busy_s": totals["gen_s"],
