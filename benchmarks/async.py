@@ -1,20 +1,26 @@
-"""Colocated synchronous vs split synchronous vs split asynchronous (k = 1, 2) PPO on this machine.
+"""Synchronous, asynchronous and streaming rollouts on this machine, by layout, on two workloads.
 
-    python benchmarks/async.py                  # the default budget (60 steps), writes docs/benchmarks.md
+    python benchmarks/async.py                            # PPO on the demo task (60 steps), docs/benchmarks.md
+    python benchmarks/async.py --workload series          # GRPO on the series task (generation-bound)
     python benchmarks/async.py --steps 20 --no-write
 
-Every run is `python -m rlframe.main` (configs/ppo_tiny.yaml: the demo model, 128 prompts per step,
-PPO with a critic) with the same data, seed and step budget; only the placement differs:
-- colocated: 2 processes, each with actor (fsdp dp2), critic, reference and vLLM (the hybrid engine);
-- split: actor (1 process), critic (1), reference (1), vLLM (1) in their own groups, weights pushed
-  over the channel after each update;
-- split async k: as split, with trainer.max_staleness=k (TIS correction, cap 2);
-- split stream k=2: as split, streaming rollouts (trainer.async_mode=stream) in rounds of 4 tokens.
+Every run is `python -m rlframe.main` with the workload's config and the same data, seed and step
+budget; only the placement and the asynchronous mode differ:
+- `ppo_tiny` (configs/ppo_tiny.yaml: the demo model, 128 prompts per step, PPO with a critic):
+  colocated (2 processes, each with actor fsdp dp2, critic, reference and vLLM: the hybrid engine);
+  split (actor, critic, reference, vLLM: one process each, weights pushed over the channel after
+  each update); split async k (trainer.max_staleness=k, TIS correction, cap 2); split stream k=2
+  (trainer.async_mode=stream, rounds of 4 tokens).
+- `series` (configs/grpo_series.yaml: GRPO without KL on the series task, 32 prompts x 4 samples,
+  responses of a few to ~270 tokens): colocated sync; split sync (actor and vLLM, one process each);
+  batch pipeline k=1, 2; streaming k=1, 2, 4 (rounds of `STREAM_ROUND` tokens); the asynchronous
+  ones with decoupled PPO (`tis`). (Staleness x correction: benchmarks/rollout_correction.py.)
 Runs alternate between the layouts (all layouts, then all again) so background load hits them alike.
 Reported per layout (medians over the repeats): the training wall time (sum of the step times,
-validation excluded), tokens per second over that time, the wall time at which held-out greedy
-accuracy (validation every 10 steps) first reached the target, and the final accuracy. The load
-average and the fp32 matmul rate are printed before and after; a plot goes to docs/async.png.
+validation excluded), generated tokens per second over that time (`perf/response_tokens`), the
+generation share of a synchronous step, the wall time at which held-out greedy accuracy first reached
+the target, and the final accuracy. The load average and the fp32 matmul rate are printed before and
+after; a plot of accuracy against wall time goes to docs/.
 """
 
 from __future__ import annotations
@@ -25,37 +31,78 @@ import statistics
 import subprocess
 import sys
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from report import machine_state, markdown_table, write_section  # noqa: E402
+from report import machine_state, markdown_table, reproduce_line, write_section  # noqa: E402
 
-SECTION = "## Split placement and asynchronous training (PPO, tiny task)"
 SPLIT = ["resources.placement=split", "+resources.split_procs={actor: 1, critic: 1, ref: 1, rollout: 1}",
          "actor.dp=1", "critic.dp=1"]
-LAYOUTS = {
+PPO_LAYOUTS = {
     "colocated sync": [],
     "split sync": SPLIT,
     "split async k=1": SPLIT + ["trainer.max_staleness=1", "algorithm.off_policy_correction=tis"],
     "split async k=2": SPLIT + ["trainer.max_staleness=2", "algorithm.off_policy_correction=tis"],
-    # streaming rollouts (docs/placement.md): rounds of 4 tokens, above most of this task's responses
+    # streaming rollouts (docs/async.md): rounds of 4 tokens, above most of this task's responses
     "split stream k=2": SPLIT + ["trainer.max_staleness=2", "trainer.async_mode=stream", "rollout.partial_budget=4",
                                  "algorithm.off_policy_correction=tis"],
 }
+SPLIT_2 = ["resources.placement=split", "+resources.split_procs={actor: 1, rollout: 1}", "actor.dp=1"]
+STREAM_ROUND = 32  # tokens per round of streaming generation (rollout.partial_budget)
 
 
-def run_once(name: str, overrides: list[str], *, steps: int, out: Path) -> dict:
-    cmd = [sys.executable, "-m", "rlframe.main", *overrides, f"trainer.total_steps={steps}", "trainer.val_every=10",
+def batch_async(k: int, correction: str = "tis") -> list[str]:
+    return SPLIT_2 + [f"trainer.max_staleness={k}", f"algorithm.off_policy_correction={correction}"]
+
+
+def stream(k: int, correction: str = "tis") -> list[str]:
+    return batch_async(k, correction) + ["trainer.async_mode=stream", f"rollout.partial_budget={STREAM_ROUND}"]
+
+
+SERIES_LAYOUTS = {
+    "colocated sync": [],
+    "split sync": SPLIT_2,
+    "batch k=1": batch_async(1),
+    "batch k=2": batch_async(2),
+    "stream k=1": stream(1),
+    "stream k=2": stream(2),
+    "stream k=4": stream(4),
+}
+
+
+@dataclass(frozen=True)
+class Workload:
+    config: str
+    layouts: dict[str, list[str]]
+    section: str
+    steps: int
+    val_every: int
+    target: float
+    png: str
+
+
+WORKLOADS = {
+    "ppo_tiny": Workload("ppo_tiny", PPO_LAYOUTS, "## Split placement and asynchronous training (PPO, tiny task)",
+                         steps=60, val_every=10, target=0.60, png="async.png"),
+    "series": Workload("grpo_series", SERIES_LAYOUTS, "## Asynchronous and streaming rollouts (GRPO, series task)",
+                       steps=30, val_every=5, target=0.0, png="async_series.png"),
+}
+
+
+def run_once(workload: Workload, name: str, overrides: list[str], *, steps: int, out: Path) -> dict:
+    experiment = name.replace(" ", "_").replace("=", "")
+    cmd = [sys.executable, "-m", "rlframe.main", "--config-name", workload.config, *overrides,
+           f"trainer.total_steps={steps}", f"trainer.val_every={workload.val_every}",
            "trainer.save_every=0", "trainer.export_hf=false", "trainer.plot=false", "trainer.resume=off",
            "trainer.progress_bar=false", "trainer.loggers=[jsonl]", f"trainer.output_dir={out}",
-           f"trainer.experiment={name.replace(' ', '_').replace('=', '')}"]
+           f"trainer.experiment={experiment}"]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
     if proc.returncode != 0:
         raise RuntimeError(f"{name} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
-    run_dir = out / name.replace(" ", "_").replace("=", "")
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    rows = [json.loads(line) for line in (out / experiment / "metrics.jsonl").read_text().splitlines()]
     return {"rows": rows}
 
 
@@ -69,8 +116,13 @@ def summarize(rows: list[dict], *, target: float) -> dict:
             if reached is None and r["val/accuracy"] >= target:
                 reached = clock
     tokens = sum(r["perf/total_num_tokens"] for r in steps)
-    return {"train_s": clock, "tokens_per_s": tokens / clock, "reached_s": reached, "final": curve[-1][1],
-            "curve": curve, "staleness": max((r.get("async/staleness", 0.0) for r in steps), default=0.0)}
+    generated = sum(r["perf/response_tokens"] for r in steps)
+    gen_share = sum(r.get("timing_s/gen", 0.0) for r in steps) / clock
+    masked = [r["async/masked_token_frac"] for r in steps if "async/masked_token_frac" in r]
+    return {"train_s": clock, "tokens_per_s": tokens / clock, "gen_tokens_per_s": generated / clock,
+            "gen_share": gen_share, "reached_s": reached, "final": curve[-1][1], "start": curve[0][1],
+            "curve": curve, "staleness": max((r.get("async/staleness", 0.0) for r in steps), default=0.0),
+            "masked": statistics.mean(masked) if masked else 0.0}
 
 
 def plot(results: dict[str, list[dict]], path: Path, target: float) -> None:
@@ -91,55 +143,79 @@ def plot(results: dict[str, list[dict]], path: Path, target: float) -> None:
     fig.savefig(path, dpi=100)
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--steps", type=int, default=60)
-    ap.add_argument("--repeats", type=int, default=2)
-    ap.add_argument("--target", type=float, default=0.60)
-    ap.add_argument("--no-write", action="store_true")
-    ap.add_argument("--layouts", nargs="+", choices=list(LAYOUTS), default=list(LAYOUTS),
-                    help="a subset of the layouts (the table in docs/benchmarks.md is written only with all of them)")
-    args = ap.parse_args()
-    layouts = {name: LAYOUTS[name] for name in args.layouts}
-    before = machine_state()
-    print(f"before: load {before['load1']:.2f}, matmul {before['gflops']:.0f} GFLOP/s", flush=True)
-    results: dict[str, list[dict]] = {name: [] for name in layouts}
-    with tempfile.TemporaryDirectory() as tmp:
-        for rep in range(args.repeats):
-            for name, overrides in layouts.items():
-                res = summarize(run_once(name, overrides, steps=args.steps, out=Path(tmp) / str(rep))["rows"],
-                                target=args.target)
-                results[name].append(res)
-                print(f"{name} run {rep + 1}: {res['train_s']:.1f} s, {res['tokens_per_s']:.0f} tok/s, "
-                      f"target at {res['reached_s']}, final {res['final']:.3f}", flush=True)
-    after = machine_state()
-    print(f"after: load {after['load1']:.2f}, matmul {after['gflops']:.0f} GFLOP/s", flush=True)
+def run_alternating(workload: Workload, runs: dict[str, list[str]], *, repeats: int, steps: int, target: float,
+                    tmp: Path) -> dict[str, list[dict]]:
+    """Each run of `runs` once, then all again (`repeats` rounds); summaries by name."""
+    results: dict[str, list[dict]] = {name: [] for name in runs}
+    for rep in range(repeats):
+        for name, overrides in runs.items():
+            res = summarize(run_once(workload, name, overrides, steps=steps, out=tmp / str(rep))["rows"], target=target)
+            results[name].append(res)
+            print(f"{name} run {rep + 1}: {res['train_s']:.1f} s, {res['gen_tokens_per_s']:.0f} generated tok/s, "
+                  f"gen share {res['gen_share']:.0%}, target at {res['reached_s']}, "
+                  f"accuracy {res['start']:.3f} -> {res['final']:.3f}", flush=True)
+    return results
 
+
+def layout_table(results: dict[str, list[dict]], *, target: float, series: bool) -> str:
     def med(name, key):
         vals = [r[key] for r in results[name] if r[key] is not None]
         return statistics.median(vals) if vals else None
 
+    def spread(name, key, fmt):
+        vals = [r[key] for r in results[name]]
+        return f"{fmt.format(med(name, key))} [{fmt.format(min(vals))}-{fmt.format(max(vals))}]"
+
     table = []
-    for name in layouts:
-        runs = results[name]
+    for name, runs in results.items():
         reached = med(name, "reached_s")
-        table.append([name, f"{med(name, 'train_s'):.1f} [{min(r['train_s'] for r in runs):.1f}-"
-                      f"{max(r['train_s'] for r in runs):.1f}]", f"{med(name, 'tokens_per_s'):.0f}",
-                      "not reached" if reached is None else f"{reached:.1f}",
-                      " / ".join(f"{r['final']:.1%}" for r in runs), f"{max(r['staleness'] for r in runs):.0f}"])
-    header = ["layout", "training wall time s (median [min-max])", "tokens/s",
-              f"s to {args.target:.0%} held-out", "final accuracy (each run)", "max staleness"]
-    text = markdown_table(header, table)
+        row = [name, spread(name, "train_s", "{:.1f}")]
+        row += [spread(name, "gen_tokens_per_s", "{:.0f}"), f"{med(name, 'gen_share'):.0%}"] if series else \
+            [f"{med(name, 'tokens_per_s'):.0f}"]
+        row += ["not reached" if reached is None else f"{reached:.1f}"
+                + (f" ({sum(r['reached_s'] is not None for r in runs)}/{len(runs)} runs)"
+                   if any(r["reached_s"] is None for r in runs) else ""),
+                " / ".join(f"{r['final']:.1%}" for r in runs), f"{max(r['staleness'] for r in runs):.0f}"]
+        table.append(row)
+    header = ["layout", "training wall time s (median [min-max])"]
+    header += ["generated tokens/s (median [min-max])", "generation share of a step"] if series else ["tokens/s"]
+    header += [f"s to {target:.0%} held-out", "final accuracy (each run)", "max staleness"]
+    return markdown_table(header, table)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--workload", choices=list(WORKLOADS), default="ppo_tiny")
+    ap.add_argument("--steps", type=int, help="steps per run (default: the workload's)")
+    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--target", type=float, help="held-out accuracy to time (default: the workload's)")
+    ap.add_argument("--no-write", action="store_true")
+    ap.add_argument("--layouts", nargs="+", help="a subset of the workload's layouts (the table in "
+                                                 "docs/benchmarks.md is written only with all of them)")
+    args = ap.parse_args()
+    workload = WORKLOADS[args.workload]
+    steps = args.steps or workload.steps
+    target = workload.target if args.target is None else args.target
+    unknown = set(args.layouts or ()) - set(workload.layouts)
+    if unknown:
+        ap.error(f"--layouts {sorted(unknown)}: {args.workload} has {list(workload.layouts)}")
+    runs = {name: workload.layouts[name] for name in args.layouts or workload.layouts}
+    before = machine_state()
+    print(f"before: load {before['load1']:.2f}, matmul {before['gflops']:.0f} GFLOP/s", flush=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        results = run_alternating(workload, runs, repeats=args.repeats, steps=steps, target=target, tmp=Path(tmp))
+    after = machine_state()
+    print(f"after: load {after['load1']:.2f}, matmul {after['gflops']:.0f} GFLOP/s", flush=True)
+    text = layout_table(results, target=target, series=args.workload == "series")
     print(text)
-    if args.no_write or len(layouts) < len(LAYOUTS):
+    if args.no_write or len(runs) < len(workload.layouts):
         return
-    png = ROOT / "docs" / "async.png"
-    plot(results, png, args.target)
-    body = (f"`python benchmarks/async.py --steps {args.steps} --repeats {args.repeats}` (PPO, configs/ppo_tiny.yaml; "
-            f"{args.repeats} runs per layout, alternating). Load average {before['load1']:.2f} before, "
-            f"{after['load1']:.2f} after; fp32 matmul {before['gflops']:.0f} / {after['gflops']:.0f} GFLOP/s.\n\n"
-            f"{text}\n\n![accuracy vs wall time](async.png)")
-    write_section(SECTION, body)
+    png = ROOT / "docs" / workload.png
+    plot(results, png, target)
+    command = f"python benchmarks/async.py --workload {args.workload} --steps {steps} --repeats {args.repeats}"
+    body = (f"{reproduce_line(command, before, after)}\n\nconfigs/{workload.config}.yaml, {args.repeats} runs per "
+            f"layout, alternating.\n\n{text}\n\n![accuracy vs wall time]({png.name})")
+    write_section(workload.section, body)
 
 
 if __name__ == "__main__":

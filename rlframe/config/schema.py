@@ -32,7 +32,7 @@ class ModelConfig:
 @dataclass
 class DataConfig:
     # Synthetic task made on first use, for each split that lists no files: arithmetic | countdown |
-    # stepwise | tool_arithmetic (agent.enabled, preset agent); without model.path the tiny model
+    # series | tool_arithmetic (agent.enabled, preset agent); without model.path the tiny model
     # pre-trained on it.
     # train_files / val_files, when given, are used whatever the task (None: files only; docs/data.md).
     task: str | None = "arithmetic"
@@ -277,7 +277,7 @@ class TrainerConfig:
     # How asynchronous training generates (max_staleness > 0): batch = whole batches, the next k launched
     # while one trains (controller/trainers/async_rollout.py); stream = the generation group never waits:
     # prompt groups are admitted as others complete, while the staleness bound allows, in rounds of
-    # rollout.partial_budget tokens, new weights loading between rounds (stream_rollout.py, docs/placement.md).
+    # rollout.partial_budget tokens, new weights loading between rounds (stream_rollout.py, docs/async.md).
     async_mode: str = "batch"
     # Every this many steps, check that the rollout engine holds exactly the trainer's weights after
     # the sync (per-slice checksums, controller/trainers/weight_check.py). 0: never.

@@ -40,8 +40,8 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from rlframe.data.synthetic import (GROUND_TRUTH_NOT_ANSWER, ArithmeticSpec, CountdownSpec, StepwiseSpec,
-                                    arithmetic_rows, countdown_rows, stepwise_rows)
+from rlframe.data.synthetic import (GROUND_TRUTH_NOT_ANSWER, ArithmeticSpec, CountdownSpec, SeriesSpec,
+                                    arithmetic_rows, countdown_rows, series_rows)
 from rlframe.utils.machine import cpu_model
 from rlframe.data.tool_task import ToolArithmeticSpec
 
@@ -84,14 +84,14 @@ PRETRAIN_SEED = 0
 
 # Named task settings for pre-training; the RL demo must generate its data with the same spec
 # and seed so that its test split is held out from what the model saw here.
-TASKS: dict[str, ArithmeticSpec | CountdownSpec | StepwiseSpec | ToolArithmeticSpec] = {
+TASKS: dict[str, ArithmeticSpec | CountdownSpec | SeriesSpec | ToolArithmeticSpec] = {
     "arithmetic": ArithmeticSpec(digits=2, min_digits=1, ops="+"),
     # Three numbers 1..9 -> an expression of them equal to the target ("6,4,9->90:" -> "(6+4)*9"),
     # trained on one solution per problem; the reward accepts any (the harder task of docs/claims.md).
     "countdown": CountdownSpec(count=3, max_number=9),
-    # Sums of 2-16 single-digit numbers worked one addition a step, responses of ~5 to ~260 characters
-    # with a long tail (the generation-bound workload, configs/grpo_stepwise.yaml); trained on the worked steps.
-    "stepwise": StepwiseSpec(),
+    # Arithmetic series of 1-40 terms written out ("94+9x3=" -> "2:103,1:112,0:121"), responses of ~5 to
+    # ~270 characters with a long tail (the generation-bound workload, configs/grpo_series.yaml).
+    "series": SeriesSpec(),
     # Multi-turn transcripts with calculator calls, in the BPE tokenizer's chat format (agent preset).
     "tool_arithmetic": ToolArithmeticSpec(),
 }
@@ -124,10 +124,9 @@ DEFAULT_SFT: dict[str, SFTConfig] = {
     # Copying the operands into the call and the result into the answer emerges between steps 200 and
     # 400 at lr 3e-3 (not within 800 steps at 5e-3).
     "tool_arithmetic": SFTConfig(steps=400, batch_size=16, lr=3e-3, warmup=20, num_train=5000, num_test=500),
-    # Measured 2026-11-27 (demo shape, 2-core AMD EPYC): 621 s of CPU, final loss 0.92, held-out greedy
-    # 7.5% right totals (15% of 4-6 terms, none from 7), 0% exactly worked: not yet the partly competent
-    # start RL needs on long sums; a recipe (or format) that learns the copying is still to be found.
-    "stepwise": SFTConfig(steps=600, batch_size=32, lr=2e-3, warmup=30, num_train=5000, num_test=500),
+    # The series is learnt in a jump between steps 800 and 1000 (0.5% -> 47% of held-out series right)
+    # and keeps improving, unevenly, after (docs/tiny_model.md).
+    "series": SFTConfig(steps=1500, batch_size=32, lr=2e-3, warmup=30, num_train=5000, num_test=500),
 }
 
 
@@ -196,8 +195,8 @@ def task_rows(task: str, *, num_train: int, num_test: int, seed: int) -> dict[st
     if isinstance(spec, CountdownSpec):
         return countdown_rows(num_train=num_train, num_test=num_test, seed=seed, count=spec.count,
                               max_number=spec.max_number)
-    if isinstance(spec, StepwiseSpec):
-        return stepwise_rows(num_train=num_train, num_test=num_test, seed=seed, spec=spec)
+    if isinstance(spec, SeriesSpec):
+        return series_rows(num_train=num_train, num_test=num_test, seed=seed, spec=spec)
     return arithmetic_rows(num_train=num_train, num_test=num_test, spec=spec, seed=seed)
 
 
@@ -300,7 +299,7 @@ def sft_train(
     runs after every step, e.g. to evaluate along the way. With `bucket_of(item)` (a length class),
     each batch is drawn from one class, that of an item drawn uniformly: every item is still drawn
     with the same probability, and a batch is padded to its own class's length instead of the
-    longest of the task (stepwise sums: about 4 times less compute).
+    longest of the task (series: about 3 times less compute).
     """
     import torch
 
@@ -343,8 +342,8 @@ def _train_into(tmp: Path, *, preset: str, task: str, seed: int, cfg: SFTConfig)
         train, encode = chat_sft_examples(task, seed=seed, cfg=cfg)[0], encode_chat_batch
     else:
         train, encode = sft_examples(task, seed=seed, cfg=cfg)[0], encode_sft_batch
-        if isinstance(TASKS[task], StepwiseSpec):  # batches of one number of terms (lengths ~k^2)
-            bucket_of = lambda pair: pair[0].count("+")  # noqa: E731
+        if isinstance(TASKS[task], SeriesSpec):  # batches of series of 4 lengths (1-4 terms, 5-8, ...)
+            bucket_of = lambda pair: pair[1].count(",") // 4  # noqa: E731
     start, cpu = time.perf_counter(), time.process_time()
     losses = sft_train(model, tok, train, cfg=cfg, seed=seed, encode=encode, bucket_of=bucket_of)
     wall, cpu = time.perf_counter() - start, time.process_time() - cpu

@@ -8,11 +8,12 @@ Three tasks, each with answers a rule can check (see `rlframe.rewards.verifiers`
 - `countdown`: "3,5,7->22:" -> an expression such as "3*5+7" that uses each given number at most
   once and evaluates to the target (TinyZero-style). Targets are built from a random expression
   over the numbers, so every problem has at least one solution (stored in `extra_info`).
-- `stepwise`: a sum of single-digit numbers worked one addition at a time, each step rewriting the
-  rest: "3+8+1+9=" -> "11+1+9=12+9=21". A problem of k terms takes k-1 steps and about k^2
-  characters; k is drawn with a geometric tail (`StepwiseSpec`), so most responses are tens of
-  tokens and a few are hundreds: the long-tailed, generation-bound workload for the asynchronous modes (docs/placement.md). The
-  reward reads the number after the last "=".
+- `series`: an arithmetic series written out with a countdown of the terms left: "94+9x3=" ->
+  "2:103,1:112,0:121" (start 94, step 9, 3 terms; each term is "left:value"). A problem of k terms
+  has about 7k characters; k is drawn with a geometric tail (`SeriesSpec`), so most responses are
+  tens of tokens and a few are hundreds: the long-tailed, generation-bound workload of the
+  asynchronous modes (docs/async.md). The reward is the exact text; one wrong digit anywhere fails it,
+  so long series are the hard ones.
 
 Rows: `prompt` = [{"role": "user", "content": ...}], `data_source`, `ability`,
 `reward_model` = {"ground_truth": str, "style": "rule"}, `extra_info` = {"split", "index", ...}.
@@ -30,11 +31,10 @@ import random
 from dataclasses import dataclass
 from pathlib import Path
 
-TASKS = ("arithmetic", "countdown", "stepwise")
+TASKS = ("arithmetic", "countdown", "series")
 # Tasks whose ground truth is not the answer text, and what it is instead: their rows keep the answer
 # text (one solution) as extra_info["solution"], which their pre-training trains on.
-GROUND_TRUTH_NOT_ANSWER = {"countdown": "the target and the numbers (JSON)",
-                           "stepwise": "the total alone, while its answers are the worked steps"}
+GROUND_TRUTH_NOT_ANSWER = {"countdown": "the target and the numbers (JSON)"}
 _OPS = "+-*"
 
 
@@ -57,17 +57,16 @@ class CountdownSpec:
 
 
 @dataclass(frozen=True)
-class StepwiseSpec:
-    """Sums of `min_terms..max_terms` numbers from 1..`max_operand`; the number of terms past
-    `min_terms` is drawn geometric with ratio `tail` (each further term `tail` times as likely), cut at
-    `max_terms`. Distinct problems only: short sums are few (81 of two terms), so the default split
-    (5000 + 500) has a median of 6 terms and 34 response characters, and 8% of its sums have 15 or 16
-    terms (about 230-258 characters)."""
+class SeriesSpec:
+    """Series from a start 0..`max_start` by a step 1..`max_step`, of 1..`max_terms` terms; the number
+    of terms past one is drawn geometric with ratio `tail` (each further term `tail` times as likely),
+    cut at `max_terms`. Distinct problems only. The default split (5000 + 500) has a median of 39
+    response characters, a 90th percentile of about 140 and a longest of about 270 (40 terms)."""
 
-    min_terms: int = 2
-    max_terms: int = 16
-    tail: float = 0.8
-    max_operand: int = 9
+    max_start: int = 99
+    max_step: int = 9
+    max_terms: int = 40
+    tail: float = 0.9
 
 
 def _validate_arith(spec: ArithmeticSpec) -> None:
@@ -140,41 +139,33 @@ def countdown_problem(rng: random.Random, *, count: int, max_number: int) -> tup
             return nums, value, expr
 
 
-def stepwise_solution(terms: list[int]) -> str:
-    """The worked sum: each step adds the first two numbers and copies the rest ("11+1+9=12+9=21")."""
-    steps, rest = [], list(terms)
-    while len(rest) > 1:
-        rest = [rest[0] + rest[1], *rest[2:]]
-        steps.append("+".join(map(str, rest)))
-    return "=".join(steps)
+def series_solution(start: int, step: int, terms: int) -> str:
+    """The written series: each term is "left:value", the count of terms still to come and the value."""
+    return ",".join(f"{terms - i}:{start + step * i}" for i in range(1, terms + 1))
 
 
-def _stepwise_prompt(terms: list[int]) -> str:
-    return "+".join(map(str, terms)) + "="
+def series_problem(rng: random.Random, spec: SeriesSpec) -> tuple[str, str]:
+    """(prompt, solution) of one drawn series."""
+    start, step, terms = rng.randint(0, spec.max_start), rng.randint(1, spec.max_step), 1
+    while terms < spec.max_terms and rng.random() < spec.tail:
+        terms += 1
+    return f"{start}+{step}x{terms}=", series_solution(start, step, terms)
 
 
-def stepwise_terms(rng: random.Random, spec: StepwiseSpec) -> list[int]:
-    k = spec.min_terms
-    while k < spec.max_terms and rng.random() < spec.tail:
-        k += 1
-    return [rng.randint(1, spec.max_operand) for _ in range(k)]
-
-
-def stepwise_rows(*, num_train: int, num_test: int, spec: StepwiseSpec, seed: int) -> dict[str, list[dict]]:
-    """Disjoint train/test rows of the stepwise sum (prompts deduplicated across splits)."""
-    if not (2 <= spec.min_terms <= spec.max_terms and 0 <= spec.tail < 1 and 1 <= spec.max_operand <= 9):
-        raise ValueError(f"stepwise needs 2 <= min_terms <= max_terms, 0 <= tail < 1 and single-digit operands "
-                         f"(1 <= max_operand <= 9); got {spec}")
+def series_rows(*, num_train: int, num_test: int, spec: SeriesSpec, seed: int) -> dict[str, list[dict]]:
+    """Disjoint train/test rows of the series task (prompts deduplicated across splits)."""
+    if not (spec.max_start >= 0 and spec.max_step >= 1 and spec.max_terms >= 1 and 0 <= spec.tail < 1):
+        raise ValueError(f"series needs max_start >= 0, max_step >= 1, max_terms >= 1 and 0 <= tail < 1; got {spec}")
     rng = random.Random(seed)
-    problems = distinct_draws(lambda: stepwise_terms(rng, spec), num_train + num_test, _stepwise_prompt)
+    problems = distinct_draws(lambda: series_problem(rng, spec), num_train + num_test, lambda problem: problem[0])
     if len(problems) < num_train + num_test:
-        raise ValueError(f"only {len(problems)} distinct stepwise problems exist with {spec}; raise max_terms or max_operand")
-    # Short sums are few (81 of two terms) and the first drawn: shuffled, both splits mix lengths alike.
+        raise ValueError(f"only {len(problems)} distinct series exist with {spec}; raise max_terms, max_start or max_step")
+    # Short series are few (one term: 900) and the first drawn: shuffled, both splits mix lengths alike.
     rng.shuffle(problems)
     splits = {"train": problems[:num_train], "test": problems[num_train:]}
     return {
-        split: [_row(_stepwise_prompt(t), str(sum(t)), source="stepwise", split=split, index=i,
-                     extra={"solution": stepwise_solution(t), "terms": len(t)}) for i, t in enumerate(items)]
+        split: [_row(prompt, solution, source="series", split=split, index=i,
+                     extra={"terms": solution.count(",") + 1}) for i, (prompt, solution) in enumerate(items)]
         for split, items in splits.items()
     }
 
@@ -249,7 +240,7 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--ops", default="+", help="arithmetic: operators, subset of '+-*'")
     p.add_argument("--count", type=int, default=3, help="countdown: how many numbers")
     p.add_argument("--max-number", type=int, default=9, help="countdown: numbers are 1..max")
-    p.add_argument("--max-terms", type=int, default=16, help="stepwise: most numbers in a sum")
+    p.add_argument("--max-terms", type=int, default=40, help="series: most terms in a series")
     return p.parse_args(argv)
 
 
@@ -257,9 +248,9 @@ def generate(args: argparse.Namespace) -> dict[str, list[dict]]:
     if args.task == "arithmetic":
         spec = ArithmeticSpec(digits=args.digits, min_digits=args.min_digits, ops=args.ops)
         return arithmetic_rows(num_train=args.num_train, num_test=args.num_test, spec=spec, seed=args.seed)
-    if args.task == "stepwise":
-        return stepwise_rows(num_train=args.num_train, num_test=args.num_test, seed=args.seed,
-                             spec=StepwiseSpec(max_terms=args.max_terms))
+    if args.task == "series":
+        return series_rows(num_train=args.num_train, num_test=args.num_test, seed=args.seed,
+                           spec=SeriesSpec(max_terms=args.max_terms))
     return countdown_rows(
         num_train=args.num_train, num_test=args.num_test, seed=args.seed, count=args.count, max_number=args.max_number
     )

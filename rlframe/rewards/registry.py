@@ -29,7 +29,6 @@ from rlframe.rewards.verifiers import (
     exact_match,
     gsm8k_score,
     math_score,
-    stepwise_score,
     tool_arithmetic_score,
 )
 
@@ -40,7 +39,7 @@ _BY_SOURCE: dict[str, Callable] = {
     "arithmetic": arithmetic_score,
     "exact_match": exact_match,
     "countdown": countdown_score,
-    "stepwise": stepwise_score,
+    "series": arithmetic_score,  # the written series, exactly
     "tool_arithmetic": tool_arithmetic_score,
     "openai/gsm8k": gsm8k_score,
     "gsm8k": gsm8k_score,

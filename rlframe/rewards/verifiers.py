@@ -1,7 +1,7 @@
 """Rule-based verifiers: response string + ground truth -> score in [0, 1].
 
 - `exact_match`: the whole response, stripped, is the answer (numerically equal when numeric);
-  `arithmetic_score` is its strict string form for the synthetic arithmetic task.
+  `arithmetic_score` is its strict string form for the synthetic arithmetic and series tasks.
 - `gsm8k_score`: GSM8K-style final answers ("#### 42", or the last number in flexible mode).
 - `math_score`: competition-math answers compared symbolically with the `math-verify` package
   (LaTeX/sympy parsing and equivalence are its job, not ours).
@@ -9,7 +9,6 @@
   tool calls (`rlframe/data/tool_task.py`); numbers inside calls never count.
 - `countdown_score`: an arithmetic expression that uses the given numbers at most once each and
   evaluates to the target, checked with `rlframe.rewards.safe_eval` (no `eval`).
-- `stepwise_score`: the worked sum's final answer, the text after its last "=".
 """
 
 from __future__ import annotations
@@ -115,12 +114,6 @@ def math_score(solution_str: str, ground_truth: str) -> float:
     if not gold or not pred:
         return 0.0
     return float(verify(gold, pred, timeout_seconds=timeout))
-
-
-def stepwise_score(solution_str: str, ground_truth: str) -> float:
-    """Stepwise sums ("11+1+9=12+9=21"): the text after the response's last "=" (all of it when it has
-    none, as for a two-term sum) is exactly the canonical total; the steps themselves are not graded."""
-    return arithmetic_score(solution_str.rsplit("=", 1)[-1], ground_truth)
 
 
 def parse_countdown_truth(ground_truth) -> tuple[int, list[int]]:

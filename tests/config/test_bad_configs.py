@@ -164,8 +164,6 @@ CASES = [
     ("algorithm=sft trainer.auto_plan=true", "trainer.auto_plan=true chooses layouts", "set trainer.auto_plan=false"),
     ("algorithm=sft data.task=countdown", "countdown's ground truth is the target and the numbers",
      "train countdown with an RL algorithm"),
-    ("algorithm=sft data.task=stepwise", "stepwise's ground truth is the total alone",
-     "train stepwise with an RL algorithm"),
     ("algorithm.name=online_dpo algorithm.adv_estimator=grpo algorithm.n_samples=3", "online DPO",
      "set algorithm.n_samples=2"),
     ("actor.worker_cls=nope:Cls", "actor.worker_cls", "check the module is on PYTHONPATH"),

@@ -75,7 +75,7 @@ def test_length_classes_make_each_batch_of_one_class_and_keep_every_item_equally
 
     from rlframe.data.pretrain import BatchDraw
 
-    sizes = [5, 40, 200, 755]  # items per class, as uneven as the stepwise sums' term counts
+    sizes = [5, 40, 200, 755]  # items per class, as uneven as the series' lengths
     train = [c for c, n in enumerate(sizes) for _ in range(n)]
     gen = torch.Generator().manual_seed(0)
     draw = BatchDraw(train, 8, bucket_of=lambda item: item)

@@ -27,12 +27,15 @@ def no_training(monkeypatch):
     monkeypatch.setattr(pretrain, "_train_in_child", refuse)
 
 
-def test_the_shipped_demo_is_the_default_recipe():
-    manifest = shipped.read_manifest(DEMO)
-    recipe = shipped.RECIPES["demo"]
+@pytest.mark.parametrize("name", sorted(shipped.RECIPES))
+def test_each_shipped_model_is_its_default_recipe(name):
+    folder = shipped.PRESETS_DIR / name
+    manifest = shipped.read_manifest(folder)
+    recipe = shipped.RECIPES[name]
     assert manifest["cache_key"] == cache_key(**recipe, cfg=DEFAULT_SFT.get(recipe["task"], SFTConfig()))
-    assert set(manifest["sha256"]) == {p.name for p in DEMO.iterdir()} - {shipped.MANIFEST}
-    info = json.loads((DEMO / "rlframe_pretrain.json").read_text())
+    assert set(manifest["sha256"]) == {p.name for p in folder.iterdir()} - {shipped.MANIFEST}
+    assert shipped.verify_shipped(folder) == manifest["sha256"]
+    info = json.loads((folder / "rlframe_pretrain.json").read_text())
     assert info["weights_sha256"] == manifest["sha256"]["model.safetensors"]  # what a build wrote
 
 

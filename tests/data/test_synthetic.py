@@ -3,7 +3,7 @@ import json
 import pyarrow.parquet as pq
 import pytest
 
-from rlframe.data.synthetic import ArithmeticSpec, StepwiseSpec, arithmetic_rows, countdown_rows, main, stepwise_rows
+from rlframe.data.synthetic import ArithmeticSpec, SeriesSpec, arithmetic_rows, countdown_rows, main, series_rows
 from rlframe.rewards.registry import default_compute_score
 
 
@@ -40,34 +40,32 @@ def test_countdown_every_stored_solution_verifies():
         assert row["prompt"][0]["content"].endswith(f"->{json.loads(gt)['target']}:")
 
 
-def test_stepwise_steps_are_the_sum_worked_left_to_right_and_lengths_have_a_long_tail():
-    spec = StepwiseSpec()
-    rows = stepwise_rows(num_train=2000, num_test=200, spec=spec, seed=1)
-    assert rows == stepwise_rows(num_train=2000, num_test=200, spec=spec, seed=1)
+def test_series_counts_down_its_terms_and_lengths_have_a_long_tail():
+    spec = SeriesSpec()
+    rows = series_rows(num_train=2000, num_test=200, spec=spec, seed=1)
+    assert rows == series_rows(num_train=2000, num_test=200, spec=spec, seed=1)
     train = {r["prompt"][0]["content"] for r in rows["train"]}
     test = {r["prompt"][0]["content"] for r in rows["test"]}
     assert len(train) == 2000 and len(test) == 200 and not train & test
     lengths = {"train": [], "test": []}
     for split, items in rows.items():
         for row in items:
-            terms = [int(t) for t in row["prompt"][0]["content"].rstrip("=").split("+")]
-            assert spec.min_terms <= len(terms) == row["extra_info"]["terms"] <= spec.max_terms
-            assert all(1 <= t <= 9 for t in terms)
-            steps = row["extra_info"]["solution"].split("=")
-            assert len(steps) == len(terms) - 1
-            rest = terms
-            for step in steps:  # each step adds the first two numbers and copies the others
-                rest = [rest[0] + rest[1], *rest[2:]]
-                assert step == "+".join(map(str, rest))
+            start, rest = row["prompt"][0]["content"].rstrip("=").split("+")
+            step, terms = map(int, rest.split("x"))
+            assert 0 <= int(start) <= spec.max_start and 1 <= step <= spec.max_step
+            assert 1 <= terms == row["extra_info"]["terms"] <= spec.max_terms
             gt = row["reward_model"]["ground_truth"]
-            assert gt == str(sum(terms))
-            assert default_compute_score("stepwise", row["extra_info"]["solution"], gt) == 1.0
-            lengths[split].append(len(row["extra_info"]["solution"]))
+            # "94+9x3=" -> "2:103,1:112,0:121": each term is the count still to come and the value
+            assert gt.split(",") == [f"{terms - i}:{int(start) + step * i}" for i in range(1, terms + 1)]
+            assert default_compute_score("series", gt, gt) == 1.0
+            lengths[split].append(len(gt))
     for split in lengths:  # tens of characters typically, hundreds in the tail; both splits alike
         ls = sorted(lengths[split])
-        assert 20 <= ls[len(ls) // 2] <= 50 and ls[int(0.9 * len(ls))] >= 120 and ls[-1] <= 260
-    with pytest.raises(ValueError, match="single-digit"):
-        stepwise_rows(num_train=1, num_test=1, spec=StepwiseSpec(max_operand=12), seed=0)
+        assert 25 <= ls[len(ls) // 2] <= 55 and ls[int(0.9 * len(ls))] >= 110 and 200 <= ls[-1] <= 280
+    with pytest.raises(ValueError, match="0 <= tail < 1"):
+        series_rows(num_train=1, num_test=1, spec=SeriesSpec(tail=1.0), seed=0)
+    with pytest.raises(ValueError, match="distinct series"):
+        series_rows(num_train=100, num_test=0, spec=SeriesSpec(max_start=2, max_step=2, max_terms=3), seed=0)
 
 
 def test_command_writes_parquet_splits(tmp_path, capsys):

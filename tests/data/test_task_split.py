@@ -8,6 +8,7 @@ import pytest
 from rlframe.config.schema import RunConfig
 from rlframe.controller.trainers import prepare
 from rlframe.data.pretrain import PRETRAIN_SEED, SFTConfig, sft_examples
+from rlframe.rewards.registry import default_compute_score
 
 
 def _cfg(tmp_path, *, seed: int, task: str = "arithmetic") -> RunConfig:
@@ -20,7 +21,7 @@ def _prompts(path: str) -> list[str]:
     return [row["prompt"][0]["content"] for row in pq.ParquetFile(path).read().to_pylist()]
 
 
-@pytest.mark.parametrize("task", ["arithmetic", "countdown", "stepwise"])
+@pytest.mark.parametrize("task", ["arithmetic", "countdown", "series"])
 def test_data_seed_keeps_the_split(tmp_path, task):
     (train_a,), (test_a,) = prepare.task_files(_cfg(tmp_path, seed=0, task=task))
     (train_b,), (test_b,) = prepare.task_files(_cfg(tmp_path, seed=7, task=task))
@@ -29,7 +30,7 @@ def test_data_seed_keeps_the_split(tmp_path, task):
     assert not set(_prompts(train_a)) & set(_prompts(test_a))
 
 
-@pytest.mark.parametrize("task", ["arithmetic", "countdown", "stepwise"])
+@pytest.mark.parametrize("task", ["arithmetic", "countdown", "series"])
 def test_held_out_never_meets_the_pretraining_data(tmp_path, task):
     pretrain_train, _ = sft_examples(task, seed=PRETRAIN_SEED, cfg=SFTConfig())
     seen = {prompt for prompt, _ in pretrain_train}
@@ -50,14 +51,15 @@ def test_countdown_pretrains_on_a_solution_of_each_problem():
         assert countdown_score(answer, truth) == 1.0
 
 
-def test_stepwise_pretrains_on_the_worked_steps_of_each_problem():
-    from rlframe.rewards.verifiers import stepwise_score
-
-    train, test = sft_examples("stepwise", seed=PRETRAIN_SEED, cfg=SFTConfig())
+def test_series_pretrains_on_the_written_series_the_reward_accepts():
+    train, test = sft_examples("series", seed=PRETRAIN_SEED, cfg=SFTConfig())
     assert len(train) == 5000 and len(test) == 500
-    for prompt, answer in train[:300] + test[:100]:  # "3+8+1+9=" -> "11+1+9=12+9=21"
-        total = str(sum(int(t) for t in prompt.rstrip("=").split("+")))
-        assert stepwise_score(answer, total) == 1.0 and answer.count("=") == prompt.count("+") - 1
+    for prompt, answer in train[:300] + test[:100]:  # "94+9x3=" -> "2:103,1:112,0:121"
+        start, rest = prompt.rstrip("=").split("+")
+        step, terms = map(int, rest.split("x"))
+        values = [int(term.split(":")[1]) for term in answer.split(",")]
+        assert values == [int(start) + step * i for i in range(1, terms + 1)]
+        assert default_compute_score("series", answer, answer) == 1.0
 
 
 def test_data_seed_changes_the_order_of_the_prompts(tmp_path):

@@ -9,8 +9,8 @@ from rlframe.rewards.verifiers import (
     extract_gsm8k_answer,
     gsm8k_score,
     math_score,
-    stepwise_score,
 )
+from rlframe.rewards.registry import default_compute_score
 
 
 @pytest.mark.parametrize(
@@ -53,15 +53,13 @@ def test_math_score_uses_symbolic_equivalence(response, truth, expected):
     assert math_score(response, truth) == expected
 
 
-def test_stepwise_score_reads_the_text_after_the_last_equals_sign():
-    assert stepwise_score("11+1+9=12+9=21", "21") == 1.0
-    assert stepwise_score("17", "17") == 1.0  # a two-term sum is its total alone
-    assert stepwise_score("11+1+9=12+9=21 ", "21") == 1.0
-    assert stepwise_score("11+1+9=12+9=22", "21") == 0.0
-    assert stepwise_score("11+1+9=12+9=021", "21") == 0.0  # the canonical total only
-    assert stepwise_score("11+1+9=21=12+9", "21") == 0.0  # the last step counts, not any
-    assert stepwise_score("11+1+9=12+9=", "21") == 0.0
-    assert stepwise_score("", "21") == 0.0
+def test_series_is_graded_on_the_whole_written_series():
+    truth = "2:103,1:112,0:121"
+    assert default_compute_score("series", "2:103,1:112,0:121 ", truth) == 1.0
+    assert default_compute_score("series", "2:103,1:112,0:122", truth) == 0.0  # one digit anywhere fails it
+    assert default_compute_score("series", "2:103,1:112", truth) == 0.0  # stopped early
+    assert default_compute_score("series", "2:103,1:112,0:121,-1:130", truth) == 0.0  # went on
+    assert default_compute_score("series", "121", truth) == 0.0  # the last value alone is not the series
 
 
 def test_countdown_score():

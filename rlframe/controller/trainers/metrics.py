@@ -58,8 +58,11 @@ def gathered(result, *, reduce: str = "mean") -> dict[str, float]:
 
 def throughput(batch, *, step_time: float, world_size: int) -> dict[str, float]:
     tokens = int(batch.batch["attention_mask"].sum())
-    return {"perf/total_num_tokens": tokens, "perf/time_per_step": step_time,
-            "perf/throughput": tokens / step_time / world_size}
+    out = {"perf/total_num_tokens": tokens, "perf/time_per_step": step_time,
+           "perf/throughput": tokens / step_time / world_size}
+    if "response_mask" in batch.batch.keys():  # the generated tokens the step trained on
+        out["perf/response_tokens"] = int(batch.batch["response_mask"].sum())
+    return out
 
 
 def overhead(calls, *, step_time: float) -> dict[str, float]:

@@ -1,7 +1,8 @@
-"""Asynchronous training (trainer.max_staleness=1, split placement) on real Ray, vLLM and gloo:
-generation of batch t+1 runs while step t trains (wall-clock timestamps from both groups), no
-batch is staler than k (seq_mask_tis with a KL bound corrects it), and a checkpoint taken with a batch in flight resumes without losing or
-repeating one. The first run is traced and serves /metrics (trainer.trace, trainer.prometheus_port):
+"""Asynchronous training (trainer.max_staleness=2, split placement) on real Ray, vLLM and gloo:
+the pipeline refills every k steps (batches 1-3 launched at step 1, batch 4 at step 3), the next
+batches generate while step t trains (wall-clock timestamps from both groups), no batch is staler
+than k (seq_mask_tis with a KL bound corrects it), and a checkpoint taken with a batch in flight
+resumes without losing or repeating one. The first run is traced and serves /metrics (trainer.trace, trainer.prometheus_port):
 its timeline holds every call once per rank inside its step and shows the overlap, and a scrape
 during the run sees the latest step."""
 
@@ -18,7 +19,7 @@ from rlframe.utils.metrics_endpoint import port_problem
 from tests.controller.trainers.test_end_to_end import run
 
 ASYNC = ["data.train_batch_size=16", "resources.placement=split", "actor.dp=1", "critic.dp=1",
-         "+resources.split_procs={actor: 1, rollout: 1}", "trainer.max_staleness=1", "trainer.val_every=0",
+         "+resources.split_procs={actor: 1, rollout: 1}", "trainer.max_staleness=2", "trainer.val_every=0",
          "trainer.total_steps=4", "trainer.save_every=2", "algorithm.off_policy_correction=seq_mask_tis",
          "algorithm.rejection_kl=0.05"]
 
@@ -46,11 +47,11 @@ class Scraper(threading.Thread):
                 pass
 
 
-def check_timeline(run_dir: Path, *, steps: int) -> None:
+def check_timeline(run_dir: Path, *, steps: int, k: int = 2) -> None:
     """trace.json parses; each call is on every rank it was sent to once; every call's ranks ran after
-    the driver entered the step it was issued in and were done by the end of the next step (async:
-    batch t+1 is issued in step t and trained in step t+1); batch t+1's generation overlaps step t's
-    update on the other group's lanes; the spans timed inside a call nest in it."""
+    the driver entered the step it was issued in and were done by the end of k steps later (async:
+    batch t+k may be issued in step t and trained in step t+k); a batch issued in an earlier step
+    generates while the other groups work on a step's batch; the spans timed inside a call nest in it."""
     events = json.load(open(run_dir / "trace.json"))
     xs = [e for e in events if e["ph"] == "X"]
     groups = {e["pid"]: e["args"]["name"] for e in events if e["ph"] == "M" and e["name"] == "process_name"}
@@ -68,7 +69,7 @@ def check_timeline(run_dir: Path, *, steps: int) -> None:
         per_call.setdefault(e["args"]["call"], []).append(e)
         s = e["args"]["step"]
         lo = step_spans[s]["ts"] if s in step_spans else run_span["ts"]
-        hi = end(step_spans[s + 1]) if s + 1 in step_spans else end(run_span)
+        hi = end(step_spans[s + k]) if s + k in step_spans else end(run_span)
         assert lo <= e["ts"] and end(e) <= hi, (e, lo, hi)
     for ranks in per_call.values():
         assert len({e["tid"] for e in ranks}) == len(ranks) and len({e["pid"] for e in ranks}) == 1
@@ -77,8 +78,8 @@ def check_timeline(run_dir: Path, *, steps: int) -> None:
         by_name.setdefault(groups[e["pid"]] + "." + e["name"], []).append(e)
     assert [e["args"]["step"] for e in by_name["actor.update_actor"]] == list(range(1, steps + 1))
     gens = by_name["rollout.generate_sequences"]
-    assert len(gens) == steps and [e["args"]["step"] for e in gens] == [1] + list(range(1, steps))
-    # batch t+1 (issued in step t) generates while step t's batch is worked on by the other groups
+    assert [e["args"]["step"] for e in gens] == [1, 1, 1, 3][:steps]  # k=2: refilled at steps 1 and 3
+    # a batch issued in step t generates while step t's batch is worked on by the other groups
     others = [e for e in calls if groups[e["pid"]] != "rollout" and e["args"]["step"] >= 1]
     assert any(g["ts"] < end(o) and o["ts"] < end(g) and g["args"]["step"] == o["args"]["step"]
                for g in gens[1:] for o in others)
@@ -112,9 +113,9 @@ def test_async_overlaps_generation_with_training_and_resumes(tmp_path, ray_clust
         urllib.request.urlopen(scraper.url, timeout=2)
     assert port_problem("127.0.0.1", port) is None
     rows = _rows(summary)
-    assert [rows[t]["async/staleness"] for t in (1, 2, 3, 4)] == [0.0, 1.0, 1.0, 1.0]
+    assert [rows[t]["async/staleness"] for t in (1, 2, 3, 4)] == [0.0, 1.0, 2.0, 1.0]
+    assert [rows[t]["async/policy_version"] for t in (1, 2, 3, 4)] == [0.0, 0.0, 0.0, 2.0]
     for t in (2, 3, 4):
-        assert rows[t]["async/policy_version"] == t - 2
         assert 0.0 < rows[t]["async/is_weight_mean"] and 0.0 <= rows[t]["async/is_clipped_frac"] <= 1.0
         # seq_mask_tis with rejection_kl: responses outside the band or over the KL bound leave the update
         assert 0.0 <= rows[t]["async/kl_rejected_frac"] <= rows[t]["async/masked_seq_frac"] <= 1.0
@@ -133,3 +134,29 @@ def test_async_overlaps_generation_with_training_and_resumes(tmp_path, ray_clust
     assert sorted(s for s in again if s > 0) == [3, 4]
     assert again[3]["async/staleness"] == 0.0  # regenerated by the resumed weights
     assert _position(resumed["run_dir"], 4) == _position(summary["run_dir"], 4) == 4 * 16
+
+
+@pytest.mark.parametrize("k", [1, 2, 3, 4])
+def test_refill_pushes_every_k_steps_and_keeps_staleness_within_k(k):
+    from rlframe.controller.trainers.async_rollout import refill
+
+    total, in_flight, gen_version, pushes, staleness = 13, [], 0, [], {}
+    launched_by = {}
+    for step in range(1, total + 1):
+        push, launch = refill(step, [j for j, _ in in_flight], k=k, total=total)
+        if push and gen_version < step - 1:
+            gen_version = step - 1
+            pushes.append(step)
+        # a push comes only once the current step's batch is the last in flight
+        assert not push or all(j == step for j, _ in in_flight)
+        for j in launch:
+            assert j not in launched_by
+            launched_by[j] = step
+            in_flight.append((j, gen_version))
+        j, v = in_flight.pop(0)
+        assert j == step
+        staleness[step] = (step - 1) - v
+    assert sorted(launched_by) == list(range(1, total + 1))
+    assert max(staleness.values()) == k and min(staleness.values()) >= 0
+    # the first refill needs no push (the group holds version 0), then one every k steps
+    assert pushes == list(range(k + 1, total, k))  # none at the last step: nothing left to launch

@@ -49,7 +49,7 @@ def definitions(rec, batch) -> dict[str, float]:
            **_stats("response_length", mask.sum(-1)),
            **_stats("prompt_length", attention[:, :-R].sum(-1)),
            "response_length/empty_ratio": (~mask.any(-1)).float().mean().item(),
-           "perf/total_num_tokens": float(attention.sum())}
+           "perf/total_num_tokens": float(attention.sum()), "perf/response_tokens": float(mask.sum())}
     cut = [int(n) >= cfg.data.response_length and int(r[int(n) - 1]) not in rec.end_ids
            for r, n in zip(b["responses"], occupied)]
     out["response_length/clip_ratio"] = sum(cut) / len(cut)
