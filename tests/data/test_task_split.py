@@ -89,3 +89,16 @@ def test_the_cached_folder_records_its_settings_and_is_rebuilt_when_they_differ(
 def test_unknown_task_is_an_error(tmp_path):
     with pytest.raises(ValueError, match="not a synthetic task"):
         prepare.task_files(_cfg(tmp_path, seed=0, task="poetry"))
+
+
+def test_the_series_config_fits_every_problem_of_the_task():
+    from rlframe.config.load import load_config
+    from rlframe.config.validate import validate
+    from rlframe.data.tokenizer import build_char_tokenizer
+
+    cfg = validate(load_config("grpo_series", []))
+    tok = build_char_tokenizer()
+    train, test = sft_examples("series", seed=PRETRAIN_SEED, cfg=SFTConfig())
+    assert max(len(tok.encode(p, add_special_tokens=False)) for p, _ in train + test) <= cfg.data.prompt_length
+    longest = max(len(tok.encode(a, add_special_tokens=False)) for _, a in train + test)
+    assert longest + 1 <= cfg.data.response_length < longest + 16  # the answer and EOS, no more than a little over

@@ -24,7 +24,7 @@ FACTORS: dict[str, tuple] = {
     "lora": ("off", "dropout"),
     "partial": ("off", "on"),
     "agent": ("off", "on", "openai"),  # openai: the tool task as an OpenAI-API environment (agent.mode=openai)
-    "async": (0, 1, "stream"),  # trainer.max_staleness=1; stream: async_mode=stream in rounds of 3 tokens
+    "async": (0, 1, 2, "stream"),  # trainer.max_staleness=1 or 2; stream: async_mode=stream in rounds of 3 tokens
     "precision": ("fp32", "bf16"),
     "recompute": ("off", "on"),  # activation_checkpointing of the trained roles
     "sync": ("full", "delta"),  # rollout.weight_sync (delta: every 2nd sync full)
