@@ -18,7 +18,8 @@ budget; only the placement and the asynchronous mode differ:
 Runs alternate between the layouts (all layouts, then all again) so background load hits them alike.
 Reported per layout (medians over the repeats): the training wall time (sum of the step times,
 validation excluded), generated tokens per second over that time (`perf/response_tokens`), the
-generation share of a synchronous step, the wall time at which held-out greedy accuracy first reached
+share of the step spent waiting for its batch (`timing_s/gen`: in a synchronous step the generation
+itself and the weight sync, in an asynchronous one what the overlap left), the wall time at which held-out greedy accuracy first reached
 the target, and the final accuracy. The load average and the fp32 matmul rate are printed before and
 after; a plot of accuracy against wall time goes to docs/.
 """
@@ -117,6 +118,8 @@ def summarize(rows: list[dict], *, target: float) -> dict:
                 reached = clock
     tokens = sum(r["perf/total_num_tokens"] for r in steps)
     generated = sum(r["perf/response_tokens"] for r in steps)
+    # the step's wait for its batch (timing_s/gen, weight pushes included): in a synchronous step the
+    # generation itself, in an asynchronous one what the overlap did not hide
     gen_share = sum(r.get("timing_s/gen", 0.0) for r in steps) / clock
     masked = [r["async/masked_token_frac"] for r in steps if "async/masked_token_frac" in r]
     return {"train_s": clock, "tokens_per_s": tokens / clock, "gen_tokens_per_s": generated / clock,
@@ -178,7 +181,8 @@ def layout_table(results: dict[str, list[dict]], *, target: float, series: bool)
                 " / ".join(f"{r['final']:.1%}" for r in runs), f"{max(r['staleness'] for r in runs):.0f}"]
         table.append(row)
     header = ["layout", "training wall time s (median [min-max])"]
-    header += ["generated tokens/s (median [min-max])", "generation share of a step"] if series else ["tokens/s"]
+    header += ["generated tokens/s (median [min-max])", "share of the step waiting for its batch"] if series else \
+        ["tokens/s"]
     header += [f"s to {target:.0%} held-out", "final accuracy (each run)", "max staleness"]
     return markdown_table(header, table)
 

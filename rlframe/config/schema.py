@@ -274,8 +274,8 @@ class TrainerConfig:
     # Asynchronous training (placement=split): the rollout for step t may come from the weights of step
     # t-1-k or later, so generation of the next batches overlaps training. 0: synchronous.
     max_staleness: int = 0
-    # How asynchronous training generates (max_staleness > 0): batch = whole batches, the next k launched
-    # while one trains (controller/trainers/async_rollout.py); stream = the generation group never waits:
+    # How asynchronous training generates (max_staleness > 0): batch = whole batches, up to k ahead,
+    # refilled every k steps after one push (controller/trainers/async_rollout.py); stream = the generation group never waits:
     # prompt groups are admitted as others complete, while the staleness bound allows, in rounds of
     # rollout.partial_budget tokens, new weights loading between rounds (stream_rollout.py, docs/async.md).
     async_mode: str = "batch"

@@ -296,7 +296,9 @@ class CostModel:
         train = c.call_s + fwd + upd  # the reward call, the forward passes, the updates
         cost = StepCost(phases={"gen": gen, **fwd_t, **upd_t, "update_weights": sync})
         if split and cfg.trainer.max_staleness > 0:  # later batches generate while this one trains
-            cost.total = together([(gen, gen_procs), (train, max(fwd_n, upd_n))]) + sync
+            # the batch pipeline pushes once per k steps (async_rollout.refill); streaming once a step
+            pushes = 1.0 if cfg.trainer.async_mode == "stream" else 1.0 / cfg.trainer.max_staleness
+            cost.total = together([(gen, gen_procs), (train, max(fwd_n, upd_n))]) + sync * pushes
             cost.notes.append("asynchronous: generation and training at once, sharing the cores")
         else:
             cost.total = gen + train + sync
