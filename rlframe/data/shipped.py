@@ -30,6 +30,7 @@ MANIFEST = "shipped.json"
 RECIPES: dict[str, dict] = {
     "demo": {"preset": "demo", "task": "arithmetic", "seed": 0},  # configs/ppo_tiny.yaml and those built on it
     "agent": {"preset": "agent", "task": "tool_arithmetic", "seed": 0},  # agent.enabled runs (docs/agents.md)
+    "series": {"preset": "demo", "task": "series", "seed": 0},  # configs/grpo_series.yaml (docs/async.md)
 }
 
 
