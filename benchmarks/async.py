@@ -2,6 +2,8 @@
 
     python benchmarks/async.py                            # PPO on the demo task (60 steps), docs/benchmarks.md
     python benchmarks/async.py --workload series          # GRPO on the series task (generation-bound)
+    python benchmarks/async.py --decode-scaling          # vLLM's decode rate by concurrent sequences
+    python benchmarks/async.py --workload series --layouts "stream k=2" --round 64 --repeats 1 --no-write
     python benchmarks/async.py --steps 20 --no-write
 
 Every run is `python -m rlframe.main` with the workload's config and the same data, seed and step
@@ -32,7 +34,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -59,19 +61,21 @@ def batch_async(k: int, correction: str = "tis") -> list[str]:
     return SPLIT_2 + [f"trainer.max_staleness={k}", f"algorithm.off_policy_correction={correction}"]
 
 
-def stream(k: int, correction: str = "tis") -> list[str]:
-    return batch_async(k, correction) + ["trainer.async_mode=stream", f"rollout.partial_budget={STREAM_ROUND}"]
+def stream(k: int, correction: str = "tis", round_tokens: int = STREAM_ROUND) -> list[str]:
+    return batch_async(k, correction) + ["trainer.async_mode=stream", f"rollout.partial_budget={round_tokens}"]
 
 
-SERIES_LAYOUTS = {
-    "colocated sync": [],
-    "split sync": SPLIT_2,
-    "batch k=1": batch_async(1),
-    "batch k=2": batch_async(2),
-    "stream k=1": stream(1),
-    "stream k=2": stream(2),
-    "stream k=4": stream(4),
-}
+def series_layouts(round_tokens: int = STREAM_ROUND) -> dict[str, list[str]]:
+    return {
+        "colocated sync": [],
+        "split sync": SPLIT_2,
+        "batch k=1": batch_async(1),
+        "batch k=2": batch_async(2),
+        **{f"stream k={k}": stream(k, round_tokens=round_tokens) for k in (1, 2, 4)},
+    }
+
+
+SERIES_LAYOUTS = series_layouts()
 
 
 @dataclass(frozen=True)
@@ -89,7 +93,7 @@ WORKLOADS = {
     "ppo_tiny": Workload("ppo_tiny", PPO_LAYOUTS, "## Split placement and asynchronous training (PPO, tiny task)",
                          steps=60, val_every=10, target=0.60, png="async.png"),
     "series": Workload("grpo_series", SERIES_LAYOUTS, "## Asynchronous and streaming rollouts (GRPO, series task)",
-                       steps=30, val_every=5, target=0.0, png="async_series.png"),
+                       steps=20, val_every=5, target=0.70, png="async_series.png"),
 }
 
 
@@ -187,6 +191,28 @@ def layout_table(results: dict[str, list[dict]], *, target: float, series: bool)
     return markdown_table(header, table)
 
 
+DECODE_SECTION = "## Decode rate by concurrent sequences (vLLM on CPU, series model)"
+
+
+def decode_scaling(concurrency: list[int], tokens: int) -> str:
+    """vLLM's generation rate with C sequences decoding at once (each exactly `tokens` new tokens, EOS
+    ignored; one fresh engine per C, benchmarks/rollout.py's tuned setting): what a long tail costs, and
+    what refilling its slots (streaming) could win on this machine."""
+    from rollout import BASE, TUNED, run_config
+
+    from rlframe.data.pretrain import build_pretrained_model
+
+    model = str(build_pretrained_model(preset="demo", task="series", seed=0))
+    rows, base = [], None
+    for c in concurrency:
+        r = run_config("vllm", model, {**BASE, **TUNED}, {"prompts": c, "n": 1, "tokens": tokens})
+        base = base or r["tok_s"] / c
+        rows.append([c, f"{r['tok_s']:.0f}", f"{r['gen_s'] / tokens * 1e3:.1f}", f"{r['tok_s'] / c / base:.2f}"])
+        print(rows[-1], flush=True)
+    return markdown_table(["concurrent sequences", "tokens/s", "ms per decode step",
+                           f"tokens/s per sequence, relative to {concurrency[0]}"], rows)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--workload", choices=list(WORKLOADS), default="ppo_tiny")
@@ -194,10 +220,25 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--target", type=float, help="held-out accuracy to time (default: the workload's)")
     ap.add_argument("--no-write", action="store_true")
+    ap.add_argument("--decode-scaling", action="store_true", help="only vLLM's decode rate by concurrent sequences")
+    ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 16, 64, 128, 256])
+    ap.add_argument("--round", type=int, default=STREAM_ROUND,
+                    help="series: tokens per streaming round (the table is written only with the default)")
     ap.add_argument("--layouts", nargs="+", help="a subset of the workload's layouts (the table in "
                                                  "docs/benchmarks.md is written only with all of them)")
     args = ap.parse_args()
+    if args.decode_scaling:
+        before = machine_state()
+        text = decode_scaling(args.concurrency, tokens=64)
+        after = machine_state()
+        print(text)
+        if not args.no_write:
+            command = f"python benchmarks/async.py --decode-scaling --concurrency {' '.join(map(str, args.concurrency))}"
+            write_section(DECODE_SECTION, f"{reproduce_line(command, before, after)}\n\n{text}")
+        return
     workload = WORKLOADS[args.workload]
+    if args.workload == "series" and args.round != STREAM_ROUND:
+        workload = replace(workload, layouts=series_layouts(args.round))
     steps = args.steps or workload.steps
     target = workload.target if args.target is None else args.target
     unknown = set(args.layouts or ()) - set(workload.layouts)
@@ -212,7 +253,7 @@ def main() -> None:
     print(f"after: load {after['load1']:.2f}, matmul {after['gflops']:.0f} GFLOP/s", flush=True)
     text = layout_table(results, target=target, series=args.workload == "series")
     print(text)
-    if args.no_write or len(runs) < len(workload.layouts):
+    if args.no_write or len(runs) < len(workload.layouts) or args.round != STREAM_ROUND:
         return
     png = ROOT / "docs" / workload.png
     plot(results, png, target)

@@ -91,6 +91,7 @@ def main() -> None:
     print(f"load {before['load1']:.1f}, fp32 matmul {before['gflops']:.0f} GFLOP/s", flush=True)
     final: dict[tuple[str, int], list[float]] = {}
     masked: dict[tuple[str, int], list[float]] = {}
+    stale: dict[int, list[float]] = {}
     with tempfile.TemporaryDirectory() as tmp:
         for seed in seeds:
             for k in ks:
@@ -106,6 +107,9 @@ def main() -> None:
                     share = [r["async/masked_token_frac"] for r in rows if "async/masked_token_frac" in r]
                     if share:
                         masked.setdefault((method, k), []).append(statistics.fmean(share))
+                    if k:  # how stale the trained batches were (generation-bound runs stay below the bound)
+                        ages = [r["async/staleness"] for r in rows if "async/staleness" in r]
+                        stale.setdefault(k, []).append(statistics.fmean(ages))
                     print(f"  seed {seed} k={k} {method}: {accuracy:.1%}", flush=True)
     after = machine_state()
     header = ["correction", *(f"k={k}" for k in ks), *(f"tokens masked, k={k}" for k in ks if k)]
@@ -114,7 +118,10 @@ def main() -> None:
                                     for m in METHODS])
     best = {k: max(METHODS, key=lambda m: statistics.fmean(final[(m, k)])) for k in ks if k}
     summary = ("Best mean accuracy per staleness: " + ", ".join(f"k={k}: {m}" for k, m in best.items())
-               + f". k=0 is one synchronous run per seed (no correction applies on-policy), repeated in each row.")
+               + ". k=0 is one synchronous run per seed (no correction applies on-policy), repeated in each row. "
+               + "Staleness of the trained batches, mean over steps and runs: "
+               + ", ".join(f"k={k}: {statistics.fmean(v):.2f} (runs {min(v):.2f}-{max(v):.2f})" for k, v in stale.items())
+               + ".")
     print(table + "\n" + summary)
     body = "\n".join([
         reproduce_line(f"python benchmarks/rollout_correction.py --workload {args.workload} --steps {args.steps} "
