@@ -54,7 +54,7 @@ PPO_LAYOUTS = {
                                  "algorithm.off_policy_correction=tis"],
 }
 SPLIT_2 = ["resources.placement=split", "+resources.split_procs={actor: 1, rollout: 1}", "actor.dp=1"]
-STREAM_ROUND = 32  # tokens per round of streaming generation (rollout.partial_budget)
+STREAM_ROUND = 128  # tokens per round of streaming generation (rollout.partial_budget; the sweep in docs/async.md)
 
 
 def batch_async(k: int, correction: str = "tis") -> list[str]:
