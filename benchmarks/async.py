@@ -21,8 +21,8 @@ Runs alternate between the layouts (all layouts, then all again) so background l
 Reported per layout (medians over the repeats): the training wall time (sum of the step times,
 validation excluded), generated tokens per second over that time (`perf/response_tokens`), the
 share of the step spent waiting for its batch (`timing_s/gen`: in a synchronous step the generation
-itself and the weight sync, in an asynchronous one what the overlap left), the wall time at which held-out greedy accuracy first reached
-the target, and the final accuracy. The load average and the fp32 matmul rate are printed before and
+itself and the weight sync, in an asynchronous one what the overlap left), the wall time at which
+held-out greedy accuracy first reached the target, and the final accuracy. The load average and the fp32 matmul rate are printed before and
 after; a plot of accuracy against wall time goes to docs/.
 """
 
@@ -125,11 +125,9 @@ def summarize(rows: list[dict], *, target: float) -> dict:
     # the step's wait for its batch (timing_s/gen, weight pushes included): in a synchronous step the
     # generation itself, in an asynchronous one what the overlap did not hide
     gen_share = sum(r.get("timing_s/gen", 0.0) for r in steps) / clock
-    masked = [r["async/masked_token_frac"] for r in steps if "async/masked_token_frac" in r]
     return {"train_s": clock, "tokens_per_s": tokens / clock, "gen_tokens_per_s": generated / clock,
             "gen_share": gen_share, "reached_s": reached, "final": curve[-1][1], "start": curve[0][1],
-            "curve": curve, "staleness": max((r.get("async/staleness", 0.0) for r in steps), default=0.0),
-            "masked": statistics.mean(masked) if masked else 0.0}
+            "curve": curve, "staleness": max((r.get("async/staleness", 0.0) for r in steps), default=0.0)}
 
 
 def plot(results: dict[str, list[dict]], path: Path, target: float) -> None:

@@ -39,20 +39,21 @@ class Workload:
     off_policy: list[str]  # added to the runs with k > 0
     section: str
     figure: Path
-    what: str  # the workload, in the table's caption and the plot's title
+    title: str  # the plot's
+    what: str  # the workload, in the table's caption
 
 
 WORKLOADS = {
     "demo": Workload("grpo_tiny", ["algorithm=grpo", "resources.placement=split", "actor.dp=1",
                                    "+resources.split_procs={actor: 1, ref: 1, rollout: 1}"], [],
                      "## Off-policy corrections by staleness (held-out accuracy)", FIGURES / "rollout_correction.png",
-                     "GRPO on the demo task (the pinned pre-trained demo model, 37.9% at step 0), split placement, "
+                     "GRPO on the demo task", "GRPO on the demo task (the pinned pre-trained demo model, 37.9% at step 0), split placement, "
                      "the batch pipeline"),
     "series": Workload("grpo_series", ["resources.placement=split", "actor.dp=1",
                                        "+resources.split_procs={actor: 1, rollout: 1}"],
                        ["trainer.async_mode=stream", "rollout.partial_budget=128"],
                        "## Off-policy corrections by staleness, streaming (series task)",
-                       FIGURES / "rollout_correction_series.png",
+                       FIGURES / "rollout_correction_series.png", "GRPO on the series task, streaming",
                        "GRPO without KL on the series task (the shipped series model), split placement, streaming "
                        "rollouts in rounds of 128 tokens"),
 }
@@ -136,7 +137,7 @@ def main() -> None:
         "defaults (tis_cap 2, icepop band [0.5, 5], mis and seq_mask_tis band [0.5, 2]) (docs/async.md).", "",
         table, "", summary, "", f"![accuracy by staleness and correction](img/{work.figure.name})"])
     if not args.no_write:
-        plot(final, ks, work.figure, work.what.split(" (")[0].split(",")[0], methods)
+        plot(final, ks, work.figure, work.title, methods)
         write_section(work.section, body)
 
 
