@@ -28,6 +28,7 @@ class PreflightObserver:
         self.cfg, self.precision = cfg, precision
         self.results: list[Check] = []
         self.duplicates: dict[str, float] = {}  # duplicate_counts summed over the steps
+        self.trainer = None  # the trainer observed (set after its first step)
 
     def add(self, step: int, found) -> None:
         for c in (found if isinstance(found, list) else [found]):
@@ -83,16 +84,19 @@ class PreflightObserver:
                          and cfg.actor.lora_dropout == 0 and "actor/first_mb_ppo_kl" in metrics)
         if ratio_applies:  # with LoRA dropout the update's own forward drops: its ratio is not 1 by design
             self.add(step, checks.first_minibatch_ratio(metrics, precision=self.precision))
-        self.add(step, self._weight_sync(trainer))
+        self.trainer = trainer
+        trainer.request_weight_check(self.take_weight_sync)  # one comparison however many steps it waits
         if trainer.agent is not None and trainer.agent.turn_checks:
             self.add(step, trainer.agent.turn_checks)
             trainer.agent.turn_checks = []
 
-    def _weight_sync(self, trainer) -> Check | None:
-        from rlframe.controller.trainers.weight_check import check_weight_sync
+    def take_weight_sync(self, result: dict) -> None:
+        """The weight comparison's result (trainer.request_weight_check: right after a sync, also with
+        asynchronous rollouts) as a check of the step it ran in."""
+        self.add(self.trainer.step, self._weight_sync(result))
 
-        with trainer.generation_paused():  # streaming rollouts: no round in flight on the generation group
-            result = check_weight_sync(trainer.roles, sync_first=trainer.pipeline is None)
+    @staticmethod
+    def _weight_sync(result: dict) -> Check | None:
         if result.get("skipped"):
             return None
         bad = result["sync/mismatched_slices"]

@@ -88,6 +88,8 @@ class PPOTrainer:
         self.observer = None  # rlframe preflight's checks (controller/preflight), when it runs this trainer
         self.pipeline = None  # made after resume (asynchronous rollouts, trainer.max_staleness > 0)
         self.stream_state = None  # streaming rollouts: the pool a resumed checkpoint holds
+        self.pending_weight_checks: list = []  # who waits for the next weight comparison (request_weight_check)
+        self.weight_check_metrics: dict[str, float] = {}  # trainer.check_weight_sync_every: this step's
         budget, stream = cfg.rollout.partial_budget, cfg.trainer.async_mode == "stream"
         self.partial = PartialRollouts(self, budget=budget) if budget > 0 and not stream else None
 
@@ -134,7 +136,9 @@ class PPOTrainer:
             if self.observer is not None:
                 self.observer.after_step(self, metrics)
             if cfg.check_weight_sync_every > 0 and self.step % cfg.check_weight_sync_every == 0:
-                metrics.update(self.check_weight_sync())
+                self.request_weight_check(self.stop_on_weight_mismatch)
+            metrics.update(self.weight_check_metrics)  # a check run in this step (the batch pipeline's: in next())
+            self.weight_check_metrics = {}
             if self.step == first:  # the start-up stages, once, with the first step's metrics
                 metrics.update(startup.metrics())
             if cfg.val_every > 0 and (self.step % cfg.val_every == 0 or self.step == cfg.total_steps):
@@ -306,21 +310,48 @@ class PPOTrainer:
         the trainer's own calls on the generation group and around checkpoints of its pool."""
         return self.pipeline.paused() if isinstance(self.pipeline, StreamingRollouts) else contextlib.nullcontext()
 
-    def check_weight_sync(self) -> dict:
+    def request_weight_check(self, take) -> None:
+        """Compare the rollout engine's weights with the trainer's (weight_check.py) where that means
+        something, right after a sync, and hand `take` the result:
+        - synchronous training: now, completing the pending sync (what the next generation uses);
+        - streaming rollouts: now, at a round's boundary, pushing the current weights (as validation does;
+          the later rounds record that version);
+        - the batch pipeline: right after its next push, before it launches (at most k steps later), so
+          the check neither stalls the overlap nor makes batches fresher than their recorded version;
+          now when nothing is in flight (the last step).
+        After an update and before the next push the generation side rightly holds older weights: a
+        check there would compare nothing."""
+        if take not in self.pending_weight_checks:  # the same taker asking again gets one result
+            self.pending_weight_checks.append(take)
+        if isinstance(self.pipeline, RolloutPipeline) and self.pipeline.inflight:
+            return  # RolloutPipeline.next runs it after its push
+        with self.generation_paused():
+            self.run_weight_checks(sync_first=True)
+            if isinstance(self.pipeline, StreamingRollouts):
+                self.pipeline.weights_pushed(self.step)
+
+    def run_weight_checks(self, *, sync_first: bool) -> None:
+        """Compare now and hand the result to everyone waiting (see request_weight_check)."""
+        from rlframe.controller.trainers.weight_check import check_weight_sync
+
+        result = check_weight_sync(self.roles, sync_first=sync_first)
+        waiting, self.pending_weight_checks = self.pending_weight_checks, []
+        for take in waiting:
+            take(result)
+
+    def stop_on_weight_mismatch(self, result: dict) -> None:
         """trainer.check_weight_sync_every: the rollout engine must hold exactly the trainer's weights
         after a sync (per-slice checksums, weight_check.py); a mismatch stops the run."""
         from rlframe.controller.preflight.checks import InvariantViolation
-        from rlframe.controller.trainers.weight_check import check_weight_sync, weight_check_metrics
+        from rlframe.controller.trainers.weight_check import weight_check_metrics
 
-        with self.generation_paused():
-            result = check_weight_sync(self.roles, sync_first=self.pipeline is None)
         if result.get("sync/mismatched_slices"):
             raise InvariantViolation(
                 f"step {self.step}: after the weight sync the rollout engine holds other weights than the trainer "
                 f"in {result['sync/mismatched_slices']} of {result['sync/checked_slices']} slices (first: "
                 f"{', '.join(result['mismatched'])}); every generation since the last check used wrong weights. "
                 "Run `rlframe preflight` with this config to see which settings are involved")
-        return weight_check_metrics(result)
+        self.weight_check_metrics.update(weight_check_metrics(result))
 
     # ---- checkpoints ---------------------------------------------------------------------------
     def stop_on_signal(self, preemption: PreemptionWatch) -> None:

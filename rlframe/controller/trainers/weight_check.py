@@ -23,9 +23,10 @@ the check completes a pending one first.
   happened inside the check, whose time is `timing_s/weight_check`).
 - Split placement: the actor's weights are pushed to the generation group (`RunRoles.push_weights`,
   nothing moves when they have not changed), as generate_sequences would do before generating.
-  With asynchronous training (trainer.max_staleness > 0) the pipeline chooses when to push: call
-  the check with `sync_first=False` right after its push, or a forced push makes later batches
-  fresher than the pipeline's recorded `policy_version`.
+  With asynchronous training (trainer.max_staleness > 0) the pipeline chooses when to push: the
+  trainer's `request_weight_check` (ppo.py) runs the check with `sync_first=False` right after the
+  batch pipeline's push, or pushes at a streaming round's boundary and records the new version; a
+  push the pipeline does not know of would make later batches fresher than their `policy_version`.
 With `sync_first=False` and a sync pending nothing is compared: result["skipped"] says why.
 """
 

@@ -2,7 +2,8 @@
 the pipeline refills every k steps (batches 1-3 launched at step 1, batch 4 at step 3), the next
 batches generate while step t trains (wall-clock timestamps from both groups), no batch is staler
 than k (seq_mask_tis with a KL bound corrects it), and a checkpoint taken with a batch in flight
-resumes without losing or repeating one. The first run is traced and serves /metrics (trainer.trace, trainer.prometheus_port):
+resumes without losing or repeating one. The weight check (trainer.check_weight_sync_every=1) compares
+right after the pipeline's pushes. The first run is traced and serves /metrics (trainer.trace, trainer.prometheus_port):
 its timeline holds every call once per rank inside its step and shows the overlap, and a scrape
 during the run sees the latest step."""
 
@@ -102,7 +103,8 @@ def test_async_overlaps_generation_with_training_and_resumes(tmp_path, ray_clust
     scraper = Scraper(port)
     scraper.start()
     try:
-        _, summary = run("ppo_tiny", ASYNC + ["trainer.trace=true", f"trainer.prometheus_port={port}"], tmp_path / "a")
+        _, summary = run("ppo_tiny", ASYNC + ["trainer.trace=true", f"trainer.prometheus_port={port}",
+                                              "trainer.check_weight_sync_every=1"], tmp_path / "a")
     finally:
         scraper.stopped.set()
         scraper.join()
@@ -115,6 +117,10 @@ def test_async_overlaps_generation_with_training_and_resumes(tmp_path, ray_clust
     rows = _rows(summary)
     assert [rows[t]["async/staleness"] for t in (1, 2, 3, 4)] == [0.0, 1.0, 2.0, 1.0]
     assert [rows[t]["async/policy_version"] for t in (1, 2, 3, 4)] == [0.0, 0.0, 0.0, 2.0]
+    # the weight check compares right after a push (steps 3 and 4: the pipeline's push, then one at the
+    # end with nothing in flight), never between an update and the next push, where nothing can match
+    assert [("sync/checked_slices" in rows[t]) for t in (1, 2, 3, 4)] == [False, False, True, True]
+    assert all(rows[t]["sync/checked_slices"] > 0 and rows[t]["sync/mismatched_slices"] == 0 for t in (3, 4))
     for t in (2, 3, 4):
         assert 0.0 < rows[t]["async/is_weight_mean"] and 0.0 <= rows[t]["async/is_clipped_frac"] <= 1.0
         # seq_mask_tis with rejection_kl: responses outside the band or over the KL bound leave the update

@@ -65,7 +65,12 @@ def test_streaming_rollouts_bound_staleness_continue_across_updates_and_resume(t
     assert len(pool) + 16 == drawn, (len(pool), drawn)  # 2 steps x 8 trained, the rest in the pool
     assert not set(pool) & set(trained[1] + trained[2])
 
-    _, resumed = run("grpo_tiny", STREAM + [f"trainer.resume={ckpt}"], tmp_path / "b")
+    # the resumed run checks the rollout's weights at step 4: pushed at a round's boundary, then compared
+    _, resumed = run("grpo_tiny", STREAM + [f"trainer.resume={ckpt}", "trainer.check_weight_sync_every=2"],
+                     tmp_path / "b")
+    checked = _rows(resumed)
+    assert "sync/checked_slices" not in checked[3]
+    assert checked[4]["sync/checked_slices"] > 0 and checked[4]["sync/mismatched_slices"] == 0, checked[4]
     again = _trained(resumed, {3, 4})
     after = [u for t in (3, 4) for u in again[t]]
     assert len(set(after)) == len(after) == 16
