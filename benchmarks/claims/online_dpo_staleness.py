@@ -24,10 +24,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import FIGURES, SEEDS, at_step, machine_state, publish, run_job, save_figure, spread  # noqa: E402
 
 SECTION = "## Online DPO degrades least as generation runs ahead of training"
-SPLIT = ["resources.placement=split", "actor.dp=1", "critic.dp=1", "algorithm.off_policy_correction=tis"]
+SPLIT = ["resources.placement=split", "actor.dp=1", "critic.dp=1"]
+TIS = "algorithm.off_policy_correction=tis"  # the PPO family's ratio correction; online DPO's loss has no ratio
 ALGOS = {
-    "PPO": ["algorithm=ppo", "+resources.split_procs={actor: 1, critic: 1, ref: 1, rollout: 1}"],
-    "GRPO": ["algorithm=grpo", "+resources.split_procs={actor: 1, ref: 1, rollout: 1}"],
+    "PPO": ["algorithm=ppo", "+resources.split_procs={actor: 1, critic: 1, ref: 1, rollout: 1}", TIS],
+    "GRPO": ["algorithm=grpo", "+resources.split_procs={actor: 1, ref: 1, rollout: 1}", TIS],
     "online DPO": ["algorithm=online_dpo", "+resources.split_procs={actor: 1, ref: 1, rollout: 1}"],
 }
 # The control: online DPO's config group trains at lr 2e-5, PPO's and GRPO's at 1e-4 (a step that

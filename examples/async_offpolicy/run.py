@@ -25,9 +25,10 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 
 SPLIT = ["resources.placement=split", "actor.dp=1", "critic.dp=1"]
+TIS = "algorithm.off_policy_correction=tis"  # the PPO family's ratio correction; online DPO's loss has no ratio
 ALGOS = {
-    "ppo": ("ppo_tiny", ["+resources.split_procs={actor: 1, critic: 1, ref: 1, rollout: 1}"]),
-    "grpo": ("grpo_tiny", ["+resources.split_procs={actor: 1, ref: 1, rollout: 1}"]),
+    "ppo": ("ppo_tiny", ["+resources.split_procs={actor: 1, critic: 1, ref: 1, rollout: 1}", TIS]),
+    "grpo": ("grpo_tiny", ["+resources.split_procs={actor: 1, ref: 1, rollout: 1}", TIS]),
     "online_dpo": ("grpo_tiny", ["+resources.split_procs={actor: 1, ref: 1, rollout: 1}", "algorithm=online_dpo"]),
 }
 
@@ -36,7 +37,7 @@ def run(algo: str, k: int, *, steps: int, out: Path) -> list[dict]:
     config, extra = ALGOS[algo]
     name = f"{algo}_k{k}"
     cmd = [sys.executable, "-m", "rlframe.main", "--config-name", config, *SPLIT, *extra,
-           f"trainer.max_staleness={k}", "algorithm.off_policy_correction=tis", f"trainer.total_steps={steps}",
+           f"trainer.max_staleness={k}", f"trainer.total_steps={steps}",
            f"trainer.val_every={max(1, steps // 4)}", "trainer.save_every=0", "trainer.export_hf=false",
            "trainer.plot=false", "trainer.resume=off", "trainer.progress_bar=false", "trainer.loggers=[jsonl]",
            f"trainer.output_dir={out}", f"trainer.experiment={name}"]

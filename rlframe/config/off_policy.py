@@ -9,7 +9,8 @@ from rlframe.config.schema import RunConfig
 
 def check_rollout_correction(cfg: RunConfig, out: list[str]) -> None:
     """The off-policy correction's settings: a band only for masking methods and containing 1, masks
-    only on off-policy runs sampling the full distribution, no KL bound against itself."""
+    only on off-policy runs sampling the full distribution, no KL bound against itself, none for online
+    DPO (whose loss has no ratio to correct)."""
     alg = cfg.algorithm
     method = alg.off_policy_correction
     given = [f"algorithm.{k}={getattr(alg, k)}" for k in ("mask_low", "mask_high") if getattr(alg, k) is not None]
@@ -39,6 +40,13 @@ def check_rollout_correction(cfg: RunConfig, out: list[str]) -> None:
                    f"{' and '.join(sampling)} the rollout's are of the truncated distribution: even tokens sampled "
                    "by the weights being trained have a ratio below 1 and would be dropped; sample from the full "
                    "distribution (top_p=1, top_k=-1) or use off_policy_correction=tis without rejection_kl")
+    if alg.name == "online_dpo" and (method != "none" or alg.rejection_kl is not None):
+        keys = [f"algorithm.off_policy_correction={method}"] if method != "none" else []
+        keys += [f"algorithm.rejection_kl={alg.rejection_kl}"] if alg.rejection_kl is not None else []
+        out.append(f"{' and '.join(keys)} correct the PPO-family update of off-policy samples, but online_dpo's "
+                   "loss compares the chosen and rejected responses with the reference model and has no ratio to "
+                   "the rollout's policy: the setting would be ignored; leave algorithm.off_policy_correction=none "
+                   "and algorithm.rejection_kl=null (off-policy pairs need no correction)")
     if alg.rejection_kl is not None and method == "behaviour":
         out.append(f"algorithm.rejection_kl={alg.rejection_kl} measures the KL from the rollout's policy to the "
                    "update's old one, but off_policy_correction=behaviour makes them the same (always 0); "

@@ -127,6 +127,8 @@ CASES = [
     ("algorithm.off_policy_correction=icepop rollout.partial_budget=4 rollout.top_p=0.9",
      "the rollout's are of the truncated distribution", "top_p=1, top_k=-1"),
     ("algorithm.rejection_kl=-1", "algorithm.rejection_kl=-1", "algorithm.rejection_kl=null"),
+    ("algorithm=online_dpo algorithm.off_policy_correction=tis rollout.partial_budget=4",
+     "online_dpo's loss compares the chosen and rejected", "leave algorithm.off_policy_correction=none"),
     ("trainer.experiment=a/b", "trainer.experiment='a/b'", "<trainer.output_dir>/<trainer.experiment>"),
     ("actor.tp=2", "actor layout dp(2) * tp(2)", "set actor.dp/tp/pp"),
     ("rollout.tp=4", "rollout.tp=4", "use rollout.tp <= 2"),
