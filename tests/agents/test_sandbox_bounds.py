@@ -15,7 +15,7 @@ from rlframe.agents.calls import ToolCall
 from rlframe.agents.sandbox import ToolResult, ToolRunner, decode_reply
 from rlframe.agents.tools import BUILTIN_TOOLS, load_tools
 
-pytestmark = pytest.mark.skipif(not sandbox._LINUX, reason="the process-tree limits are Linux's (/proc, prctl)")
+pytestmark = pytest.mark.skipif(not sandbox.LINUX, reason="the process-tree limits are Linux's (/proc, prctl)")
 
 TOOLS_FILE = '''
 import gc
@@ -288,7 +288,7 @@ def _pickling_worker(conn, specs, max_chars):
 def test_a_result_that_is_not_plain_data_is_an_error_not_code(tmp_path, monkeypatch):
     marker = tmp_path / "ran_in_the_caller"
     monkeypatch.setenv("RLFRAME_TEST_MARKER", str(marker))
-    monkeypatch.setattr(sandbox, "_worker_main", _pickling_worker)  # forked workers run it
+    monkeypatch.setattr(sandbox, "worker_main", _pickling_worker)  # forked workers run it
     with ToolRunner({"calculator": BUILTIN_TOOLS["calculator"]}, start_method="fork") as r:
         [res] = r.run([ToolCall("calculator", {"expression": "1+1"})])
         assert res.status == "error" and "not plain data" in res.text and "restarted" in res.text, res
