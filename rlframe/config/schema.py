@@ -279,8 +279,8 @@ class TrainerConfig:
     # prompt groups are admitted as others complete, while the staleness bound allows, in rounds of
     # rollout.partial_budget tokens, new weights loading between rounds (stream_rollout.py, docs/async.md).
     async_mode: str = "batch"
-    # Every this many steps, check that the rollout engine holds exactly the trainer's weights after
-    # the sync (per-slice checksums, controller/trainers/weight_check.py). 0: never.
+    # Every this many steps and at the last one, check that the rollout engine holds exactly the trainer's
+    # weights after the sync (per-slice checksums, controller/trainers/weight_check.py). 0: never.
     check_weight_sync_every: int = 0
     # A timeline of the run (docs/observability.md): every worker group call per rank, the driver's phases,
     # weight pushes and generation rounds, written to <run dir>/trace.json (Chrome trace: ui.perfetto.dev).

@@ -53,7 +53,7 @@ class RolloutPipeline:
             metrics.update(t.roles.push_weights())
             self.gen_version = version
         if push and t.pending_weight_checks:  # trainer.check_weight_sync_every: nothing in flight past this step
-            t.run_weight_checks(sync_first=False)
+            t.hand_out_weight_check(t.compare_weights(sync_first=False))
         for j in launch:
             assert self.gen_version >= j - 1 - self.k, (self.gen_version, j, self.k)
             loader_state = t.loader.state_dict()

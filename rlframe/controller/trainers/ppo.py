@@ -135,7 +135,8 @@ class PPOTrainer:
             metrics = self.train_step()
             if self.observer is not None:
                 self.observer.after_step(self, metrics)
-            if cfg.check_weight_sync_every > 0 and self.step % cfg.check_weight_sync_every == 0:
+            every = cfg.check_weight_sync_every  # and at the last step: a run that checks ends checked
+            if every > 0 and (self.step % every == 0 or self.step == cfg.total_steps):
                 self.request_weight_check(self.stop_on_weight_mismatch)
             metrics.update(self.weight_check_metrics)  # a check run in this step (the batch pipeline's: in next())
             self.weight_check_metrics = {}
@@ -318,7 +319,8 @@ class PPOTrainer:
           the later rounds record that version);
         - the batch pipeline: right after its next push, before it launches (at most k steps later), so
           the check neither stalls the overlap nor makes batches fresher than their recorded version;
-          now when nothing is in flight (the last step).
+          now when nothing is in flight (the last step, where a request still waiting is served too:
+          the pipeline pushes no more). A request waiting at a preemption is dropped.
         After an update and before the next push the generation side rightly holds older weights: a
         check there would compare nothing."""
         if take not in self.pending_weight_checks:  # the same taker asking again gets one result
@@ -326,15 +328,23 @@ class PPOTrainer:
         if isinstance(self.pipeline, RolloutPipeline) and self.pipeline.inflight:
             return  # RolloutPipeline.next runs it after its push
         with self.generation_paused():
-            self.run_weight_checks(sync_first=True)
-            if isinstance(self.pipeline, StreamingRollouts):
-                self.pipeline.weights_pushed(self.step)
+            result = self.compare_weights(sync_first=True)
+            if isinstance(self.pipeline, StreamingRollouts):  # before any taker can raise: later rounds
+                self.pipeline.weights_pushed(self.step)  # record the version they generate with
+        self.hand_out_weight_check(result)
 
-    def run_weight_checks(self, *, sync_first: bool) -> None:
-        """Compare now and hand the result to everyone waiting (see request_weight_check)."""
+    def compare_weights(self, *, sync_first: bool) -> dict:
+        """weight_check.check_weight_sync now; a comparison that found nothing to compare (a sync still
+        pending) would pass unseen, so it is an error of the caller's timing."""
         from rlframe.controller.trainers.weight_check import check_weight_sync
 
         result = check_weight_sync(self.roles, sync_first=sync_first)
+        if result["skipped"]:
+            raise RuntimeError(f"step {self.step}: the weight check ran where it compares nothing: {result['skipped']}")
+        return result
+
+    def hand_out_weight_check(self, result: dict) -> None:
+        """Give the comparison's result to everyone waiting (see request_weight_check)."""
         waiting, self.pending_weight_checks = self.pending_weight_checks, []
         for take in waiting:
             take(result)

@@ -22,7 +22,8 @@ the check completes a pending one first.
   That step's `reshard/*` and `timing_s/update_weights` metrics are then not logged (the sync
   happened inside the check, whose time is `timing_s/weight_check`).
 - Split placement: the actor's weights are pushed to the generation group (`RunRoles.push_weights`,
-  nothing moves when they have not changed), as generate_sequences would do before generating.
+  nothing moves when they have not changed), as generate_sequences would do before generating; that
+  push's `reshard/*` metrics are not logged either (its time is inside `timing_s/weight_check`).
   With asynchronous training (trainer.max_staleness > 0) the pipeline chooses when to push: the
   trainer's `request_weight_check` (ppo.py) runs the check with `sync_first=False` right after the
   batch pipeline's push, or pushes at a streaming round's boundary and records the new version; a
