@@ -22,8 +22,8 @@ Reported per layout (medians over the repeats): the training wall time (sum of t
 validation excluded), generated tokens per second over that time (`perf/response_tokens`), the
 share of the step spent waiting for its batch (`timing_s/gen`: in a synchronous step the generation
 itself and the weight sync, in an asynchronous one what the overlap left), the wall time at which
-held-out greedy accuracy first reached the target, and the final accuracy. The load average and the fp32 matmul rate are printed before and
-after; a plot of accuracy against wall time goes to docs/.
+held-out greedy accuracy first reached the target, and the final accuracy. The load average and
+the fp32 matmul rate are printed before and after; a plot of accuracy against wall time goes to docs/.
 """
 
 from __future__ import annotations

@@ -49,7 +49,6 @@ The worker's side (the wire format, the call processes and their limits) is tool
 
 from __future__ import annotations
 
-import json
 import multiprocessing
 import os
 import pickle
@@ -63,8 +62,8 @@ from dataclasses import dataclass, field
 
 from rlframe.agents.calls import ExcessCall, MalformedCall, ToolCall
 from rlframe.agents.process_limits import kill_descendants
-from rlframe.agents.tool_worker import (LINUX, TRUNCATION_MARKER, WORKER_STATUSES, decode_reply, encode,
-                                        max_reply_bytes, truncate, worker_main)
+from rlframe.agents.tool_worker import (LINUX, TRUNCATION_MARKER, WORKER_STATUSES, decode_json, decode_reply,
+                                        encode, max_reply_bytes, truncate, worker_main)
 from rlframe.agents.tools import Tool, check_arguments, check_tool, cpu_seconds
 
 __all__ = ["STATUSES", "TRUNCATION_MARKER", "WORKER_STATUSES", "ToolResult", "ToolRunner", "decode_reply", "encode",
@@ -281,10 +280,7 @@ class ToolRunner:
 
 def _decode_hello(data: bytes) -> tuple[str, str | None]:
     """The worker's first message: ["ready", null] or ["failed", why]."""
-    try:
-        obj = json.loads(data.decode("ascii"))
-    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
-        raise ValueError(f"not JSON ({type(exc).__name__}; starts with {bytes(data[:16])!r})") from None
+    obj = decode_json(data)
     if obj == ["ready", None] or (isinstance(obj, list) and len(obj) == 2 and obj[0] == "failed"
                                   and isinstance(obj[1], str)):
         return obj[0], obj[1]

@@ -53,13 +53,18 @@ def encode(obj: Any) -> bytes:
     return json.dumps(obj, ensure_ascii=True).encode("ascii")
 
 
+def decode_json(data: bytes) -> Any:
+    """The object of ASCII JSON bytes read from a pipe; ValueError saying how they start otherwise."""
+    try:
+        return json.loads(data.decode("ascii"))
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+        raise ValueError(f"not JSON ({type(exc).__name__}; starts with {bytes(data[:16])!r})") from None
+
+
 def decode_reply(data: bytes, statuses: Sequence[str]) -> tuple[str, str]:
     """(status, text) from a reply that must be the JSON array [status, text], status one of
     `statuses` and text a string; ValueError saying what is wrong with anything else."""
-    try:
-        obj = json.loads(data.decode("ascii"))
-    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
-        raise ValueError(f"not JSON ({type(exc).__name__}; starts with {bytes(data[:16])!r})") from None
+    obj = decode_json(data)
     if not (isinstance(obj, list) and len(obj) == 2 and obj[0] in statuses and isinstance(obj[1], str)):
         raise ValueError(f"not a [status, text] pair with a status in {list(statuses)} (got {str(obj)[:80]})")
     return obj[0], obj[1]

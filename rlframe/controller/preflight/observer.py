@@ -96,9 +96,7 @@ class PreflightObserver:
         self.add(self.trainer.step, self._weight_sync(result))
 
     @staticmethod
-    def _weight_sync(result: dict) -> Check | None:
-        if result.get("skipped"):
-            return None
+    def _weight_sync(result: dict) -> Check:
         bad = result["sync/mismatched_slices"]
         names = ", ".join(result["mismatched"])
         return Check("rollout weights equal the trainer's after a sync", bad == 0, bad, 0,
