@@ -21,12 +21,28 @@ def pytest_collection_modifyitems(config, items):
 
 
 @pytest.fixture(scope="session")
-def ray_cluster():
-    """A local Ray instance shared by the tests of one session (starting Ray costs about 5 s)."""
+def ray_cluster(tmp_path_factory):
+    """A local Ray instance shared by the tests of one session (starting Ray costs about 5 s), whose
+    worker processes fork from one that has imported their modules once (tests/zygote.py)."""
+    import subprocess
+    import sys
+    import time
+
     from rlframe.controller.ray_utils import init_local_ray
+    from tests import zygote
 
     import ray
 
-    init_local_ray(runtime_env={"env_vars": {"PYTHONPATH": REPO_ROOT, "TOKENIZERS_PARALLELISM": "false"}})
+    sock = str(tmp_path_factory.mktemp("zygote") / "sock")
+    init_local_ray(runtime_env={"env_vars": {"PYTHONPATH": REPO_ROOT, "TOKENIZERS_PARALLELISM": "false"},
+                                "py_executable": zygote.client_command(sock)})
+    # started after Ray, so that it reads the session's auth token (ray.init writes it) when it needs it
+    server = subprocess.Popen([sys.executable, "-m", "tests.zygote", "serve", sock], cwd=REPO_ROOT,
+                              env={**os.environ, "PYTHONPATH": REPO_ROOT, "TOKENIZERS_PARALLELISM": "false"})
+    deadline = time.monotonic() + 120
+    while not os.path.exists(sock):
+        assert server.poll() is None and time.monotonic() < deadline, "the worker zygote did not start"
+        time.sleep(0.1)
     yield ray
     ray.shutdown()
+    server.kill()
