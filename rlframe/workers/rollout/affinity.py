@@ -28,7 +28,7 @@ class ReplicaAffinity:
     def order(self, keys: list[Hashable], replicas: int) -> list[int]:
         """A permutation of range(len(keys)): row perm[k] goes to position k of the call's batch."""
         n = len(keys)
-        if replicas <= 1 or n <= 1:
+        if replicas <= 1 or n == 0:  # one row is placed (and counted) like any other: on chunk 0
             return list(range(n))
         per = -(-n // replicas)  # chunk size after padding to a multiple of `replicas`
         room = [max(0, min(per, n - r * per)) for r in range(replicas)]  # real rows each chunk holds

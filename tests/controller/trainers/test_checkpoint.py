@@ -4,7 +4,6 @@ an explicit damaged path fails naming the file, retention never deletes the newe
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -76,20 +75,18 @@ def test_retention_keeps_the_newest_verified_until_a_newer_one_verifies(tmp_path
     assert [p for _, p in mgr.complete()] == [third]
 
 
-def test_main_fails_within_5s_naming_the_damaged_file(tmp_path):
+def test_main_fails_before_ray_naming_the_damaged_file(tmp_path):
     """`python -m rlframe.main trainer.resume=DAMAGED` stops in the driver's config check (before Ray or
     any worker starts), exit code 2, the file named, no traceback."""
     damaged = save(CheckpointManager(tmp_path, keep=1), 7)
     flip_byte(damaged / "actor" / "model_optim" / "__1_0.distcp")
     repo = Path(__file__).resolve().parents[3]
-    start = time.monotonic()
     proc = subprocess.run([sys.executable, "-m", "rlframe.main", f"trainer.resume={damaged}"], cwd=repo,
                           capture_output=True, text=True, timeout=60, env={**os.environ, "PYTHONPATH": str(repo)})
-    elapsed = time.monotonic() - start
     assert proc.returncode == 2, proc.stderr
     assert "actor/model_optim/__1_0.distcp has changed since it was written" in proc.stderr
     assert "Traceback" not in proc.stderr
-    assert elapsed < 5, f"took {elapsed:.1f} s"
+    assert "Started a local Ray" not in proc.stderr  # stopped before Ray (or any worker) started
 
 
 def test_a_write_that_fills_the_disk_removes_its_partial_directory(tmp_path):

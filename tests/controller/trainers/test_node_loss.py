@@ -70,17 +70,13 @@ def test_elastic_is_refused_where_it_cannot_act(override):
 def test_a_lost_node_that_does_not_come_back_ends_the_run_with_what_it_waited_for(ray_cluster):
     """On this one-node Ray, a run of 2 nodes never has room again: after node_wait_s the driver
     gives up with a line naming the lost node, what the layout needs, and how to go on."""
-    import time
-
     from rlframe.controller.trainers.node_loss import LostNode, NodeLost, room_after_loss
 
     cfg = config("resources.nodes=2", "resources.procs_per_node=2", "actor.dp=4", "critic.dp=4",
                  "resources.node_wait_s=1", "resources.elastic=false")
     lost = [LostNode("f" * 56, "10.213.9.2", [("hybrid", 2), ("hybrid", 3)])]
-    t0 = time.monotonic()
-    with pytest.raises(NodeLost) as err:
+    with pytest.raises(NodeLost) as err:  # it gives up (a hang would be the pytest timeout's)
         room_after_loss(cfg, lost, poll_s=0.2)
-    assert time.monotonic() - t0 < 10
     text = str(err.value)
     assert "lost node 10.213.9.2 (Ray node ffffffffffff; hybrid rank 2, hybrid rank 3)" in text, text
     assert "within 1s (resources.node_wait_s)" in text and "{'hybrid': [2, 2]}" in text, text

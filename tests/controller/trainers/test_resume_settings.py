@@ -11,7 +11,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -60,14 +59,12 @@ def test_resume_applies_changed_settings_and_another_runs_launch_is_refused(tmp_
     before = snapshot(run_dir)
     env = {**os.environ, "PYTHONPATH": str(REPO), "RAY_ADDRESS": ""}
     for resume in ("auto", "off"):
-        start = time.monotonic()
         proc = subprocess.run([sys.executable, "-m", "rlframe.main", *RUN, f"trainer.output_dir={tmp_path}",
                                "trainer.total_steps=2", "trainer.seed=1", f"trainer.resume={resume}"],
                               cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
-        elapsed = time.monotonic() - start
         assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-3000:]
         err = proc.stderr
         assert f"run directory {run_dir} belongs to another run" in err and "trainer.seed: 0 there, 1 here" in err
         assert "trainer.experiment" in err and "Traceback" not in err, err
-        assert elapsed < 15, f"trainer.resume={resume}: the refusal took {elapsed:.1f} s"
+        assert "Started a local Ray" not in err, f"trainer.resume={resume}: refused only after Ray started"
     assert snapshot(run_dir) == before  # the other run's checkpoints, metrics, config.yaml untouched
