@@ -21,28 +21,49 @@ def pytest_collection_modifyitems(config, items):
 
 
 @pytest.fixture(scope="session")
-def ray_cluster(tmp_path_factory):
-    """A local Ray instance shared by the tests of one session (starting Ray costs about 5 s), whose
-    worker processes fork from one that has imported their modules once (tests/zygote.py)."""
+def worker_zygote(tmp_path_factory):
+    """The socket of a server that forks Ray worker processes with their modules already imported
+    (tests/zygote.py): pass `zygote.client_command(sock)` as a Ray's py_executable, or
+    `zygote.job_env(sock)` to a driver launched as a subprocess."""
     import subprocess
     import sys
     import time
 
+    sock = str(tmp_path_factory.mktemp("zygote") / "sock")
+    server = subprocess.Popen([sys.executable, "-m", "tests.zygote", "serve", sock], cwd=REPO_ROOT,
+                              env={**os.environ, "PYTHONPATH": REPO_ROOT, "TOKENIZERS_PARALLELISM": "false"})
+    deadline = time.monotonic() + 300
+    while not os.path.exists(sock):
+        assert server.poll() is None and time.monotonic() < deadline, "the worker zygote did not start"
+        time.sleep(0.1)
+    yield sock
+    server.kill()
+    server.wait()
+
+
+@pytest.fixture(scope="session")
+def ray_cluster(worker_zygote):
+    """A local Ray instance shared by the tests of one session (starting Ray costs about 5 s), whose
+    worker processes fork from the session's zygote."""
     from rlframe.controller.ray_utils import init_local_ray
     from tests import zygote
 
     import ray
 
-    sock = str(tmp_path_factory.mktemp("zygote") / "sock")
     init_local_ray(runtime_env={"env_vars": {"PYTHONPATH": REPO_ROOT, "TOKENIZERS_PARALLELISM": "false"},
-                                "py_executable": zygote.client_command(sock)})
-    # started after Ray, so that it reads the session's auth token (ray.init writes it) when it needs it
-    server = subprocess.Popen([sys.executable, "-m", "tests.zygote", "serve", sock], cwd=REPO_ROOT,
-                              env={**os.environ, "PYTHONPATH": REPO_ROOT, "TOKENIZERS_PARALLELISM": "false"})
-    deadline = time.monotonic() + 120
-    while not os.path.exists(sock):
-        assert server.poll() is None and time.monotonic() < deadline, "the worker zygote did not start"
-        time.sleep(0.1)
+                                "py_executable": zygote.client_command(worker_zygote)})
     yield ray
     ray.shutdown()
-    server.kill()
+
+
+@pytest.fixture(scope="module")
+def zygote_for_subprocess_runs(worker_zygote):
+    """Module-wide: runs the module's tests launch as subprocesses (`python -m rlframe.main`) start
+    their Ray's workers through the session's zygote too (an autouse fixture of such modules uses it)."""
+    from tests import zygote
+
+    with pytest.MonkeyPatch.context() as mp:
+        for key, value in zygote.job_env(worker_zygote).items():
+            mp.setenv(key, value)
+        yield
+

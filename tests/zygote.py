@@ -2,14 +2,17 @@
 transformers, vLLM and rlframe's workers once.
 
 Every end-to-end test starts worker groups, and each of their Ray worker processes would import
-the same 3-6 s of modules again (on 2 cores, most of a short run's start-up). The session's Ray is
-started with `runtime_env={"py_executable": client_command(...)}`: Ray then runs this file's client
-(`python -S zygote.py client SOCKET default_worker.py ARGS...`) where it would run Python; the client
-hands its argv, environment, working directory and standard streams to the server, which forks a
-child that becomes the worker (`runpy` of default_worker.py, as `python default_worker.py ARGS`
-would run it). Each worker is still a fresh process with no state of an earlier one: only the
-imports are shared. The client lives as long as its worker and exits with its status, so Ray sees
-the process it started behave as the worker does; a client killed takes its worker with it.
+the same 3-6 s of modules again (on 2 cores, most of a short run's start-up). A Ray started with
+`runtime_env={"py_executable": client_command(...)}` (the session's, and the runs the tests launch
+as subprocesses with `job_env(...)`) runs this file's client where it would run Python
+(`python -S zygote.py client SOCKET default_worker.py ARGS...`); the client hands its argv,
+environment, working directory and standard streams to the server, which forks a child that becomes
+the worker (`runpy` of default_worker.py, as `python default_worker.py ARGS` would run it). Each
+worker is still a fresh process with no state of an earlier one: only imports are shared, and Ray
+itself is not among them (its core reads the job id, the raylet and the auth token once per
+process), so a worker of any job or cluster on this machine can fork from the same server. The
+client lives as long as its worker and exits with its status, so Ray sees the process it started
+behave as the worker does; a client killed takes its worker with it.
 
 The server is single-threaded (forking a process with threads is unsafe): one select loop over the
 listening socket and the clients, reaping children as they exit.
@@ -26,10 +29,16 @@ import socket
 import struct
 import sys
 
-PRELOAD = ("torch", "torch.distributed", "transformers", "safetensors.torch", "tensordict", "ray",
-           "ray._private.workers.default_worker", "rlframe.controller.host", "rlframe.workers.actor",
-           "rlframe.workers.critic", "rlframe.workers.generator", "rlframe.workers.reference",
-           "rlframe.workers.rollout.vllm_engine", "rlframe.workers.engines.fsdp.engine", "vllm")
+# Everything a worker imports except Ray and the vLLM modules that import it (vllm.entrypoints.llm
+# and its engine client, about 0.3 s on top of these).
+PRELOAD = ("torch", "torch.distributed", "transformers", "safetensors.torch", "tensordict",
+           "rlframe.controller.host", "rlframe.workers.actor", "rlframe.workers.critic", "rlframe.workers.generator",
+           "rlframe.workers.reference", "rlframe.workers.reward_model", "rlframe.workers.rollout.vllm_engine",
+           "rlframe.workers.rollout.hf_engine", "rlframe.workers.engines.fsdp.engine", "vllm", "vllm.config",
+           "vllm.engine.arg_utils", "vllm.sampling_params", "vllm.model_executor.models.qwen2",
+           "vllm.model_executor.layers.linear", "vllm.v1.worker.cpu_model_runner", "vllm.v1.worker.cpu_worker",
+           "vllm.v1.attention.backends.cpu_attn", "vllm.v1.core.sched.scheduler", "vllm.tokenizers",
+           "megatron.core", "rlframe.workers.engines.megatron.engine")
 
 
 def _send_frame(sock: socket.socket, data: bytes, fds=()) -> None:
@@ -92,6 +101,7 @@ def _become_worker(request: dict, fds: list[int], listener: socket.socket, conns
     import atexit
     import runpy
 
+    os.setpgid(0, 0)  # its own process group, as Ray's workers are (Ray signals a worker's group)
     listener.close()
     for c in conns:
         c.close()
@@ -125,28 +135,26 @@ def _become_worker(request: dict, fds: list[int], listener: socket.socket, conns
         os._exit(code)
 
 
-def _ray_settings(env: dict) -> dict:
-    # Ray's C++ core reads these once per process (RayConfig, the job id, the auth token): a worker
-    # may be forked only from a server that imported Ray under the same values.
-    return {k: v for k, v in env.items() if k.startswith("RAY_")}
-
-
-def _preload(env: dict) -> None:
+def _preload() -> bool:
+    """Import PRELOAD; False (every worker then gets a fresh interpreter) if Ray came in with it."""
     import importlib
+    import warnings
 
-    os.environ.clear()
-    os.environ.update(env)
     for module in PRELOAD:
         try:
-            importlib.import_module(module)
+            with warnings.catch_warnings():  # megatron-core's notes on optional packages: once per worker, not here
+                warnings.simplefilter("ignore")
+                importlib.import_module(module)
         except Exception as e:  # an optional backend not installed: its workers import it themselves
             print(f"zygote: not preloaded {module}: {e}", file=sys.stderr)
+    if "ray" in sys.modules:
+        print("zygote: a preloaded module imported Ray; workers start as fresh interpreters", file=sys.stderr)
+        return False
+    return True
 
 
 def serve(socket_path: str) -> None:
-    """Serve clients; the first one's environment is the one the modules are imported under (Ray's
-    settings come with it), and a request whose Ray settings differ gets a fresh interpreter."""
-    settings = None
+    warm = _preload()
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(socket_path + ".tmp")
     os.rename(socket_path + ".tmp", socket_path)  # clients connect once it is listening
@@ -168,10 +176,6 @@ def serve(socket_path: str) -> None:
                     if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
                         fds.frombytes(payload[: len(payload) - len(payload) % fds.itemsize])
                 request = json.loads(data)
-                if settings is None:
-                    settings = _ray_settings(request["env"])
-                    _preload(request["env"])
-                warm = _ray_settings(request["env"]) == settings
                 pid = os.fork()
                 if pid == 0:
                     _become_worker(request, list(fds), listener, list(by_conn), warm=warm)
@@ -209,6 +213,12 @@ def serve(socket_path: str) -> None:
 def client_command(socket_path: str) -> str:
     """The `py_executable` that makes Ray start its workers through the server at `socket_path`."""
     return f"{sys.executable} -S {os.path.abspath(__file__)} client {socket_path}"
+
+
+def job_env(socket_path: str) -> dict[str, str]:
+    """Environment for a driver launched as a subprocess (`python -m rlframe.main ...`): the Ray it
+    starts runs its workers through the server too (Ray merges this job config into the driver's)."""
+    return {"RAY_JOB_CONFIG_JSON_ENV_VAR": json.dumps({"runtime_env": {"py_executable": client_command(socket_path)}})}
 
 
 if __name__ == "__main__":

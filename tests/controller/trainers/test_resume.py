@@ -24,6 +24,12 @@ from tests.measured import MEASURED
 REPO = Path(__file__).resolve().parents[3]
 
 
+
+@pytest.fixture(scope="module", autouse=True)
+def _zygote(zygote_for_subprocess_runs):
+    """The launched runs' workers fork from the session's preloaded server (tests/zygote.py)."""
+
+
 def launch(out_dir: Path, *extra: str) -> subprocess.Popen:
     args = [sys.executable, "-m", "rlframe.main", *COMMON, "data.train_batch_size=16", "trainer.total_steps=4",
             "trainer.save_every=2", "trainer.val_every=0", f"trainer.output_dir={out_dir}", "trainer.experiment=run",
@@ -110,7 +116,7 @@ def test_sigkill_and_resume_matches_uninterrupted(uninterrupted, tmp_path):
 @pytest.mark.slow
 def test_damaged_checkpoint_is_refused_or_skipped(uninterrupted, tmp_path):
     """The uninterrupted run's newest checkpoint (step 4) gets a truncated actor shard and a flipped
-    byte in the critic's engine state. An explicit path to it fails in the driver within 5 s naming
+    byte in the critic's engine state. An explicit path to it fails in the driver before Ray starts, naming
     the file; resume=auto warns naming both and falls back to step 2 (a run resumed from step 2 ends
     with the uninterrupted run's metrics: the SIGKILL test)."""
     src, _ = uninterrupted
@@ -124,13 +130,11 @@ def test_damaged_checkpoint_is_refused_or_skipped(uninterrupted, tmp_path):
     (newest / "critic" / "engine_state.pt").write_bytes(bytes(state))
     truncated, flipped = f"actor/model_optim/{shard.name} has", "critic/engine_state.pt has changed"
 
-    start = time.monotonic()
     proc = launch(tmp_path, f"trainer.resume={newest}")
     out, _ = proc.communicate(timeout=120)
-    elapsed = time.monotonic() - start
     assert proc.returncode == 2, out[-3000:]
     assert truncated in out and flipped in out and "Traceback" not in out, out[-3000:]
-    assert elapsed < 5, f"an explicit damaged checkpoint took {elapsed:.1f} s to fail"
+    assert "Started a local Ray" not in out  # refused in the driver's config check, before Ray started
 
     with pytest.warns(UserWarning, match="skipping") as said:  # what resume=auto continues from
         chosen = CheckpointManager(tmp_path / "run", keep=2).resolve("auto")
