@@ -87,13 +87,34 @@ def test_traced_compiled_calls_report_every_rank(echo4, tmp_path):
     assert echo4.timed_double(data).batch["x"].tolist() == out.batch["x"].tolist()  # untraced again: as before
 
 
-def test_kept_inputs_and_outputs_stay_intact(ray_cluster):
-    """Outputs the driver keeps (numpy, tensors, DataProtos) and inputs a worker keeps survive many
-    later calls, and those calls do not wait for them (a kept view of a channel would block it)."""
+def test_plain_call_is_not_overtaken_and_kept_values_stay_intact(ray_cluster):
+    """A plain call still running keeps the next calls plain (the graph would run them on another
+    thread, beside it); once it is gathered, the graph is compiled and takes every call, blocking or
+    not, in the order they were made. Then, on the same processes: outputs the driver keeps (numpy,
+    tensors, DataProtos) and inputs a worker keeps survive many later calls, and those calls do not
+    wait for them (a kept view of a channel would block it)."""
+    from rlframe.controller.worker_group import CompiledFuture
+
     pool = ResourcePool(procs_per_node=[2], name="compiled-keep")
     with compiled_mode():
         group = RayWorkerGroup(pool, KeepingWorker, name="keep", timeout=60)
     try:
+        # order: needs processes that have served fewer than COMPILE_AFTER + 1 blocking calls
+        for _ in range(compiled.COMPILE_AFTER):
+            group.num_threads()
+        fut = group.record("slow", 1.0, blocking=False)  # plain: no graph yet
+        assert group.record("next") == [["slow", "next"]] * 2
+        assert group.hosts._graph is None  # not compiled while the plain call was outstanding
+        assert fut.get() == [["slow"]] * 2
+        assert group.record("third") == [["slow", "next", "third"]] * 2
+        assert group.hosts._graph is not None
+        first = group.record("a", 0.5, blocking=False)
+        second = group.record("b", blocking=False)
+        assert isinstance(first, CompiledFuture) and isinstance(second, CompiledFuture)
+        assert second.get() == [["slow", "next", "third", "a", "b"]] * 2  # gathered out of order
+        assert first.get() == [["slow", "next", "third", "a"]] * 2
+
+        # kept values (the calls above kept nothing, and their answers were small: none stored)
         _warm(group, lambda: group.num_threads())
         assert group.num_threads() == [1, 1]  # torch's per-thread count, set on the graph's thread too
         answers = [group.keep(DataProto.from_dict(tensors={"x": torch.full((1000,), float(k))}), k)
@@ -116,29 +137,44 @@ def test_kept_inputs_and_outputs_stay_intact(ray_cluster):
         pool.release()
 
 
-def test_outstanding_plain_call_is_not_overtaken(ray_cluster):
-    """A plain call still running keeps the next calls plain (the graph would run them on another
-    thread, beside it); once it is gathered, the graph is compiled and takes every call, blocking or
-    not, in the order they were made."""
-    from rlframe.controller.worker_group import CompiledFuture
+class BigOrRaiseWorker(KeepingWorker, FaultyWorker):
+    """One rank raises while the others answer through the object store (Ray imports it from here);
+    FaultyWorker's failures besides."""
 
-    pool = ResourcePool(procs_per_node=[2], name="compiled-order")
+    @register(dispatch=Dispatch.ONE_TO_ALL)
+    def big_unless(self, failing_rank, n):
+        if self.rank == failing_rank:
+            raise ValueError(f"rank {self.rank} fails on purpose")
+        return torch.full((n,), float(self.rank))
+
+
+def test_raising_ranks_keep_the_path_and_let_stored_answers_go_a_dying_one_leaves_it(ray_cluster):
+    """A rank that raises is named and the compiled path stays. Ray drops the other ranks' answers
+    of a call that raised on one rank, so the driver never fetches them: every rank must still let
+    its stored answers of that call go, call after call. A rank that dies (last: it ends the group)
+    leaves the path."""
+    pool = ResourcePool(procs_per_node=[3], name="compiled-release")
     with compiled_mode():
-        group = RayWorkerGroup(pool, KeepingWorker, name="order", timeout=60)
+        group = RayWorkerGroup(pool, BigOrRaiseWorker, name="cflaky", timeout=60)
     try:
-        for _ in range(compiled.COMPILE_AFTER):
-            group.num_threads()
-        fut = group.record("slow", 1.0, blocking=False)  # plain: no graph yet
-        assert group.record("next") == [["slow", "next"]] * 2
-        assert group.hosts._graph is None  # not compiled while the plain call was outstanding
-        assert fut.get() == [["slow"]] * 2
-        assert group.record("third") == [["slow", "next", "third"]] * 2
-        assert group.hosts._graph is not None
-        first = group.record("a", 0.5, blocking=False)
-        second = group.record("b", blocking=False)
-        assert isinstance(first, CompiledFuture) and isinstance(second, CompiledFuture)
-        assert second.get() == [["slow", "next", "third", "a", "b"]] * 2  # gathered out of order
-        assert first.get() == [["slow", "next", "third", "a"]] * 2
+        _warm(group, lambda: group.num_threads())
+        check_rank_one_raises(group)
+        assert group.fail_on(-1, timeout=60) == [0, 1, 2] and group.hosts._graph.usable
+
+        held = lambda: ray.get([a.held_answers.remote() for a in group.hosts.actors])  # noqa: E731
+        n = compiled.OUTPUT_INLINE_BYTES // 4 + 10  # over the inline limit: each answer is stored
+        for failing in (1, 0, 2):
+            said = f"rank {failing} raised ValueError: rank {failing} fails on purpose"  # the rank found by pid
+            with pytest.raises(WorkerCallError, match=said):
+                group.big_unless(failing, n)
+            assert group.hosts._graph.usable
+        assert [float(t[-1]) for t in group.big_unless(-1, n)] == [0.0, 1.0, 2.0]  # the path still works
+        assert group.num_threads() == [1, 1, 1]  # this payload names what each rank may let go
+        assert held() == [0, 0, 0]
+
+        with pytest.raises(WorkerDiedError, match=r"worker group 'cflaky'.*method 'die_on'"):
+            group.die_on(2, timeout=60)  # on the compiled path (still usable above)
+        assert not group.hosts._graph.usable
     finally:
         group.shutdown()
         pool.release()
@@ -146,6 +182,7 @@ def test_outstanding_plain_call_is_not_overtaken(ray_cluster):
 
 @pytest.fixture()
 def faulty(ray_cluster):
+    """A warmed FaultyWorker group for a test that leaves it broken."""
     pool = ResourcePool(procs_per_node=[3], name="compiled-faulty")
     with compiled_mode():
         group = RayWorkerGroup(pool, FaultyWorker, name="cflaky")
@@ -153,11 +190,6 @@ def faulty(ray_cluster):
     yield group
     group.shutdown()
     pool.release()
-
-
-def test_raising_rank_is_named_and_the_path_stays(faulty):
-    check_rank_one_raises(faulty)
-    assert faulty.fail_on(-1, timeout=60) == [0, 1, 2] and faulty.hosts._graph.usable
 
 
 def test_dead_rank_and_timeout_leave_the_compiled_path(faulty):
@@ -211,45 +243,6 @@ def test_switch_off(monkeypatch, ray_cluster):
         for _ in range(compiled.COMPILE_AFTER + 2):
             group.num_threads()
         assert group.hosts._graph is None
-    finally:
-        group.shutdown()
-        pool.release()
-
-
-def test_rank_dying_on_the_compiled_path(faulty):
-    with pytest.raises(WorkerDiedError, match=r"worker group 'cflaky'.*method 'die_on'"):
-        faulty.die_on(2, timeout=60)
-    assert not faulty.hosts._graph.usable
-
-
-class BigOrRaiseWorker(KeepingWorker):
-    """One rank raises while the others answer through the object store (Ray imports it from here)."""
-
-    @register(dispatch=Dispatch.ONE_TO_ALL)
-    def big_unless(self, failing_rank, n):
-        if self.rank == failing_rank:
-            raise ValueError(f"rank {self.rank} fails on purpose")
-        return torch.full((n,), float(self.rank))
-
-
-def test_failed_call_releases_every_ranks_stored_answers(ray_cluster):
-    """Ray drops the other ranks' answers of a call that raised on one rank, so the driver never
-    fetches them: every rank must still let its stored answers of that call go, call after call."""
-    pool = ResourcePool(procs_per_node=[3], name="compiled-release")
-    with compiled_mode():
-        group = RayWorkerGroup(pool, BigOrRaiseWorker, name="release", timeout=60)
-    try:
-        _warm(group, lambda: group.num_threads())
-        held = lambda: ray.get([a.held_answers.remote() for a in group.hosts.actors])  # noqa: E731
-        n = compiled.OUTPUT_INLINE_BYTES // 4 + 10  # over the inline limit: each answer is stored
-        for failing in (1, 0, 2):
-            said = f"rank {failing} raised ValueError: rank {failing} fails on purpose"  # the rank found by pid
-            with pytest.raises(WorkerCallError, match=said):
-                group.big_unless(failing, n)
-            assert group.hosts._graph.usable
-        assert [float(t[-1]) for t in group.big_unless(-1, n)] == [0.0, 1.0, 2.0]  # the path still works
-        assert group.num_threads() == [1, 1, 1]  # this payload names what each rank may let go
-        assert held() == [0, 0, 0]
     finally:
         group.shutdown()
         pool.release()

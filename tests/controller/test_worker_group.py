@@ -117,44 +117,57 @@ def test_all_reduce_across_four_processes(echo4):
     assert len(set(echo4.pid())) == 4
 
 
-def test_non_blocking_calls_run_two_groups_at_once(ray_cluster, echo4, tmp_path):
-    """Group A waits for a file that group B writes: only possible if A's call does not block."""
-    pool = ResourcePool(procs_per_node=[2], name="other-pool")
-    other = RayWorkerGroup(pool, EchoWorker, name="other")
-    try:
-        flag = tmp_path / "flag"
-        fut = echo4.wait_for_file(str(flag), 60.0, blocking=False)
-        assert isinstance(fut, GroupFuture)
-        assert other.touch(str(flag)) is True
-        assert fut.get(timeout=60) == [True] * 4
-    finally:
-        other.shutdown()
-        pool.release()
-
-
-def test_colocated_roles_share_processes(ray_cluster):
+@pytest.fixture(scope="module")
+def hybrid(ray_cluster):
+    """Two EchoWorker roles, "actor" and "ref", colocated in one process per rank on 2 ranks. Only
+    test_colocated_roles_share_processes calls their counted methods (whoami and the like)."""
     pool = ResourcePool(procs_per_node=[2], name="colo-pool")
     groups = RayWorkerGroup.colocated(
         pool, {"actor": RoleSpec(EchoWorker, kwargs={"tag": "actor"}),
                "ref": RoleSpec(EchoWorker, kwargs={"tag": "ref"})}, name="hybrid")
-    try:
-        actor, ref = groups["actor"], groups["ref"]
-        assert actor.pid() == ref.pid()
-        assert [t for _, _, t, _ in actor.whoami(0)] == ["actor", "actor"]
-        assert [t for _, _, t, _ in ref.whoami(0)] == ["ref", "ref"]
-        assert actor.call_count() == [1, 1] and ref.call_count() == [1, 1]
-    finally:
-        actor.shutdown()
-        pool.release()
-
-
-@pytest.fixture()
-def faulty(ray_cluster):
-    pool = ResourcePool(procs_per_node=[3], name="faulty-pool")
-    group = RayWorkerGroup(pool, FaultyWorker, name="flaky")
-    yield group
-    group.shutdown()
+    yield groups
+    groups["actor"].shutdown()
     pool.release()
+
+
+def test_non_blocking_calls_run_two_groups_at_once(echo4, hybrid, tmp_path):
+    """Group A waits for a file that group B writes: only possible if A's call does not block."""
+    flag = tmp_path / "flag"
+    fut = echo4.wait_for_file(str(flag), 60.0, blocking=False)
+    assert isinstance(fut, GroupFuture)
+    assert hybrid["ref"].touch(str(flag)) is True
+    assert fut.get(timeout=60) == [True] * 4
+
+
+def test_colocated_roles_share_processes(hybrid):
+    actor, ref = hybrid["actor"], hybrid["ref"]
+    assert actor.pid() == ref.pid()
+    assert [t for _, _, t, _ in actor.whoami(0)] == ["actor", "actor"]
+    assert [t for _, _, t, _ in ref.whoami(0)] == ["ref", "ref"]
+    assert actor.call_count() == [1, 1] and ref.call_count() == [1, 1]
+
+
+def faulty_group(pool_name: str) -> RayWorkerGroup:
+    """A FaultyWorker group "flaky" on 3 ranks, on a pool of its own (`close` releases it)."""
+    return RayWorkerGroup(ResourcePool(procs_per_node=[3], name=pool_name), FaultyWorker, name="flaky")
+
+
+def close(group: RayWorkerGroup) -> None:
+    group.shutdown()
+    group.hosts.pool.release()
+
+
+@pytest.fixture(scope="module")
+def faulty(ray_cluster):
+    """A FaultyWorker group shared by the tests that leave it usable (a rank raising, a call timing out,
+    a late barrier); a test that kills a rank makes its own. Its calls all take the plain Ray path
+    (RLFRAME_COMPILED_CALLS=0), as each call of a fresh group does: the compiled path's failures are
+    tests/controller/test_compiled_calls.py's."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("RLFRAME_COMPILED_CALLS", "0")
+        group = faulty_group("faulty-pool")
+    yield group
+    close(group)
 
 
 def test_raising_worker_names_group_role_rank(faulty):
@@ -162,24 +175,33 @@ def test_raising_worker_names_group_role_rank(faulty):
     assert faulty.later(10).get(timeout=60) == [10, 11, 12]  # the group is still usable
 
 
-def test_killed_worker_surfaces_without_hang(faulty):
-    with pytest.raises(WorkerDiedError, match=r"worker group 'flaky'.*rank 2 died"):
-        faulty.die_on(2, timeout=60)
+def test_killed_worker_surfaces_without_hang(ray_cluster):
+    group = faulty_group("killed-pool")  # a rank dies: a group of its own
+    try:
+        with pytest.raises(WorkerDiedError, match=r"worker group 'flaky'.*rank 2 died"):
+            group.die_on(2, timeout=60)
+    finally:
+        close(group)
 
 
 def test_call_timeout(faulty):
     with pytest.raises(WorkerTimeoutError, match=r"ranks \[0, 1, 2\] did not answer within 1"):
-        faulty.sleep(30, timeout=1)
+        faulty.sleep(3, timeout=1)
+    assert faulty.sleep(0, timeout=60) == [0, 1, 2]  # queued behind the late answers: usable again
 
 
-def test_collectives_wait_for_the_configured_timeout(faulty, ray_cluster):
-    # the default (30 min) outlasts one rank arriving late at a barrier
-    assert faulty.late_barrier(1, 3.0, timeout=60) == [0, 1, 2]
+def test_collectives_wait_for_the_configured_timeout(faulty):
+    from rlframe.controller.worker_group import HostSet
+
+    # the short group's processes start (join=False) while the barrier below waits for its late rank
     pool = ResourcePool(procs_per_node=[2], name="short-pool")
-    short = RayWorkerGroup(pool, FaultyWorker, name="short", collective_timeout_s=1.0)
+    hosts = HostSet(pool, name="short", collective_timeout_s=1.0, join=False)
     try:
+        # the default (30 min) outlasts one rank arriving late at a barrier
+        assert faulty.late_barrier(1, 3.0, timeout=60) == [0, 1, 2]
+        short = RayWorkerGroup.colocated(pool, {"short": RoleSpec(FaultyWorker)}, name="short", hosts=hosts)["short"]
         with pytest.raises(WorkerCallError, match=r"method 'late_barrier'"):
             short.late_barrier(1, 4.0, timeout=60)
     finally:
-        short.shutdown()
+        hosts.shutdown()
         pool.release()
