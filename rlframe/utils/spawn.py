@@ -1,8 +1,9 @@
 """Run one function on N local processes joined in a gloo process group.
 
 Used by tests and benchmarks that need real torch.distributed ranks without Ray:
-`run_distributed(fn, world_size=4, args=(...))` starts `world_size` spawned processes,
-initialises `torch.distributed` (gloo) in each, calls `fn(rank, world_size, *args)` and returns
+`run_distributed(fn, world_size=4, args=(...))` starts `world_size` processes (forked from a
+multiprocessing fork server that has imported torch once: fresh processes with the caller's
+environment, without paying the imports per rank), initialises `torch.distributed` (gloo) in each, calls `fn(rank, world_size, *args)` and returns
 the list of per-rank return values. Return numpy arrays or Python values, not torch tensors:
 a tensor travels through shared memory that is gone once its rank exits. An exception on any rank is
 re-raised in the caller with that rank's traceback; a rank that hangs fails after `timeout_s`.
@@ -70,7 +71,7 @@ def run_distributed(
 ) -> list[Any]:
     """Run `fn(rank, world_size, *args)` on `world_size` ranks (gloo, or nccl on GPUs); return per-rank results.
 
-    `fn` must be importable by name (a module-level function), since processes are spawned.
+    `fn` must be importable by name (a module-level function): it is pickled to the fork server.
     """
     for launch in range(_LAUNCHES):
         try:
