@@ -167,10 +167,11 @@ def serve(socket_path: str) -> None:
         for sock in readable:
             if sock is listener:
                 conn, _ = listener.accept()
-                size = struct.unpack("!I", _recv_exact(conn, 4))[0]
-                data, ancdata, _, _ = conn.recvmsg(size, socket.CMSG_SPACE(3 * 4))
-                while len(data) < size:
-                    data += _recv_exact(conn, size - len(data))
+                # the descriptors come with the frame's first bytes: read the header with them
+                header, ancdata, _, _ = conn.recvmsg(4, socket.CMSG_SPACE(3 * 4))
+                header += _recv_exact(conn, 4 - len(header))
+                size = struct.unpack("!I", header)[0]
+                data = _recv_exact(conn, size)
                 fds = array.array("i")
                 for level, kind, payload in ancdata:
                     if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:

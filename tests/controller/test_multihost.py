@@ -13,6 +13,12 @@ the driver in h0. Root only (CI runs as root); skipped elsewhere with the reason
   of the uninterrupted run;
 - the weight channel (rollout.weight_transport=auto) joins ranks on one host by shared-memory rings
   and ranks on different hosts by gloo, in one sync.
+
+All tests share one cluster (the module's `hosts`; the host-loss test brings its host back). Each
+host runs a worker zygote (tests/zygote.py) at the same path in its own /dev/shm, and every Ray job
+here (and each weight-channel rank) starts its processes through it: a process forks from its own
+host's server, so it has that host's network, /dev/shm and hostname, and skips re-importing torch,
+vLLM and rlframe's workers (about 8 s of CPU a process).
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ from pathlib import Path
 import pytest
 
 from rlframe.utils.netns_hosts import NetnsHosts, unavailable
+from tests import zygote
 from tests.measured import MEASURED
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -47,18 +54,57 @@ JOB = ["model.tiny_preset=demo", "data.train_batch_size=4", "data.response_lengt
        "trainer.progress_bar=false", "rollout.val_n=2", "rollout.kv_cache_bytes=33554432"]
 ONE_HOST = ["resources.nodes=1", "resources.procs_per_node=2"]
 TWO_HOSTS = ["resources.nodes=2", "resources.procs_per_node=1"]
+# No idle Python workers prestarted when the first driver connects (rlframe's workers are actors that
+# never take one), as rlframe's private Ray (controller/ray_utils.PRIVATE_RAY_SYSTEM_CONFIG)
+NO_PRESTART = {"RAY_prestart_worker_first_driver": "0"}
+# The zygote's socket: one path, a different file (and server) in each host's own /dev/shm
+ZYGOTE_SOCK = "/dev/shm/rlframe-zygote.sock"
+# A driver's environment whose job starts its workers through the zygote of their host
+VIA_ZYGOTE = zygote.job_env(ZYGOTE_SOCK)
+
+
+class Hosts(NetnsHosts):
+    """NetnsHosts with a worker zygote (tests/zygote.py) serving inside each host."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.zygotes: list[subprocess.Popen] = []
+
+    def start_zygote(self, i: int) -> None:
+        """A server on host i (again after kill_node(i), which kills it with everything else there)."""
+        self.zygotes.append(self.popen(i, [sys.executable, "-m", "tests.zygote", "serve", ZYGOTE_SOCK], cwd=REPO,
+                                       env={"TOKENIZERS_PARALLELISM": "false"}))
+
+    def wait_zygotes(self, *, timeout_s: float = 300.0) -> None:
+        """Until the first server of every host listens (a client would wait for it, but not tell why it died)."""
+        deadline = time.monotonic() + timeout_s
+        for i, server in enumerate(self.zygotes[: self.n]):
+            sock = Path(f"/proc/{self.anchors[i].pid}/root{ZYGOTE_SOCK}")  # host i's /dev/shm, seen from here
+            while not sock.exists():
+                assert server.poll() is None and time.monotonic() < deadline, f"h{i}'s worker zygote did not start"
+                time.sleep(0.1)
+
+    def close(self) -> None:
+        super().close()  # kills every process of every host, the zygotes and their workers among them
+        for server in self.zygotes:
+            server.kill()
+            server.wait()
+        self.zygotes = []
 
 
 @pytest.fixture(scope="module")
 def hosts():
-    with NetnsHosts(2, cpus=3, env={**FAST_HEALTH, "PYTHONPATH": REPO}) as cluster:
+    with Hosts(2, cpus=3, env={**FAST_HEALTH, **NO_PRESTART, "PYTHONPATH": REPO}) as cluster:
+        for i in range(cluster.n):  # their imports overlap Ray's start
+            cluster.start_zygote(i)
         cluster.start_ray()
+        cluster.wait_zygotes()
         yield cluster
 
 
 def run(hosts: NetnsHosts, root: Path, name: str, *overrides: str):
     job = hosts.run_job("grpo_tiny", JOB + [*overrides, f"trainer.output_dir={root}", f"trainer.experiment={name}"],
-                        run_dir=root / name)
+                        run_dir=root / name, env=VIA_ZYGOTE)
     assert job.returncode == 0, job.stdout[-3000:] + job.stderr[-5000:]
     return job
 
@@ -89,7 +135,7 @@ def test_a_group_across_hosts_binds_reachable_addresses_and_sees_its_storage(hos
     hosts.private_mount(1, hidden)  # h1 sees an empty tmpfs there, h0 the shared directory
     proc = hosts.run(0, [sys.executable, "-c", GROUP_SCRIPT, str(shared / "step.tmp"), str(hidden / "step.tmp")],
                      env={"RAY_ADDRESS": hosts.ray_address, "NCCL_DEBUG": "INFO", "GLOO_TIMEOUT_SECONDS": "300",
-                          "PYTHONPATH": REPO}, timeout=300)
+                          "PYTHONPATH": REPO, **VIA_ZYGOTE}, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     seen = json.loads(proc.stdout.strip().splitlines()[-1])
     facts = seen["facts"]
@@ -135,7 +181,7 @@ def test_a_host_lost_mid_step_is_named_waited_for_and_the_run_resumes(hosts, two
                            f"ray.address={hosts.ray_address}", f"trainer.output_dir={root}", f"trainer.experiment={name}",
                            "resources.node_wait_s=120",
                            "actor.worker_cls=tests.controller.trainers.faulty_workers:NodeLostOnceActor"],
-                       stdout=open(root / "node-lost.out", "w"), stderr=open(root / "node-lost.err", "w"))
+                       env=VIA_ZYGOTE, stdout=open(root / "node-lost.out", "w"), stderr=open(root / "node-lost.err", "w"))
     marker = root / name / "node-lost-once"
     deadline = time.monotonic() + 300
     while not marker.exists() and proc.poll() is None and time.monotonic() < deadline:
@@ -144,6 +190,7 @@ def test_a_host_lost_mid_step_is_named_waited_for_and_the_run_resumes(hosts, two
     lost = int(marker.read_text().strip()[1:])  # the paused rank's host: h1 (never h0, the driver's)
     killed_at = time.monotonic()
     hosts.kill_node(lost)
+    hosts.start_zygote(lost)  # the host's zygote died with it; the new one imports while the driver notices the loss
     said = root / "node-lost.out"
     while "waiting up to" not in said.read_text() and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.1)
@@ -163,6 +210,7 @@ def test_a_host_lost_mid_step_is_named_waited_for_and_the_run_resumes(hosts, two
 SINK = textwrap.dedent("""
     import socket, sys
     s = socket.create_server((sys.argv[1], int(sys.argv[2])))
+    print("listening", flush=True)
     c, _ = s.accept()
     while c.recv(1 << 20):
         pass
@@ -179,10 +227,15 @@ SOURCE = textwrap.dedent("""
 
 
 def _send_4mb(hosts: NetnsHosts, port: int) -> float:
-    sink = hosts.popen(1, [sys.executable, "-c", SINK, hosts.ip(1), str(port)])
-    time.sleep(1.0)
-    out = hosts.run(0, [sys.executable, "-c", SOURCE, hosts.ip(1), str(port)], timeout=60, check=True)
-    sink.wait(timeout=30)
+    sink = hosts.popen(1, [sys.executable, "-c", SINK, hosts.ip(1), str(port)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert sink.stdout.readline().strip() == "listening"  # the source connects once the sink listens
+        out = hosts.run(0, [sys.executable, "-c", SOURCE, hosts.ip(1), str(port)], timeout=60, check=True)
+        sink.wait(timeout=30)
+    finally:
+        sink.kill()
+        sink.wait()
+        sink.stdout.close()
     return float(out.stdout.strip())
 
 
@@ -200,12 +253,13 @@ def test_a_hosts_egress_cap_limits_what_it_sends(hosts):
 
 CHANNEL_RANK = """
 import json, sys
+from pathlib import Path
 import torch
 from rlframe.resharding.channel import P2PChannel
 from rlframe.resharding.planner import plan_reshard
 from tests.resharding.pairs import DIMS, full_weights, metas
 from tests.resharding.test_transport import DST, SRC, _sync
-rank, addr, port = int(sys.argv[1]), sys.argv[2], int(sys.argv[3])
+rank, addr, port, result = int(sys.argv[1]), sys.argv[2], int(sys.argv[3]), Path(sys.argv[4])
 channel = P2PChannel(addr=addr, port=port, rank=rank, world_size=4, timeout_s=60, transport="auto")
 t = channel.transport
 shm = sorted(t.by_peer) if hasattr(t, "by_peer") else []
@@ -214,20 +268,25 @@ exact = _sync(channel, plan, full_weights(seed=3), rank)[0]
 channel._store.set(f"done/{rank}", "1")
 if rank == 0:  # it holds the store until every rank is done
     channel._store.wait([f"done/{r}" for r in range(4)])
-print(json.dumps({"shm": shm, "exact": exact}))
+result.write_text(json.dumps({"shm": shm, "exact": exact}))
 """
 
 
-def test_the_weight_channel_joins_one_hosts_ranks_by_shm_and_hosts_by_gloo(hosts):
+def test_the_weight_channel_joins_one_hosts_ranks_by_shm_and_hosts_by_gloo(hosts, tmp_path):
     """Channel ranks 0 and 2 on h0, 1 and 3 on h1 (training dp2 = ranks 0-1, generation tp2 = ranks 2-3): auto
     gives each rank shm rings with its host's other rank only (each host has its own /dev/shm and address),
-    gloo to the rest, and the sync puts exactly its slices on ranks 2 and 3."""
+    gloo to the rest, and the sync puts exactly its slices on ranks 2 and 3. Each rank is a process its
+    host's zygote forks (`python script.py ARGS` through zygote's client); it writes what it saw to a file."""
     port = 29613
-    procs = [hosts.popen(rank % 2, [sys.executable, "-c", CHANNEL_RANK, str(rank), hosts.ip(0), str(port)],
+    script = tmp_path / "channel_rank.py"
+    script.write_text(CHANNEL_RANK)
+    client = zygote.client_command(ZYGOTE_SOCK).split()
+    results = [tmp_path / f"rank{rank}.json" for rank in range(4)]
+    procs = [hosts.popen(rank % 2, [*client, str(script), str(rank), hosts.ip(0), str(port), str(results[rank])],
                          env={"GLOO_SOCKET_IFNAME": "eth0"},  # as the job's workers bind gloo (controller/host.py)
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO) for rank in range(4)]
     outs = [p.communicate(timeout=120) for p in procs]
     assert all(p.returncode == 0 for p in procs), [err[-2000:] for _, err in outs]
-    got = [json.loads(out.strip().splitlines()[-1]) for out, _ in outs]
+    got = [json.loads(r.read_text()) for r in results]
     assert [g["shm"] for g in got] == [[2], [3], [0], [1]], got
     assert all(g["exact"] for g in got), got
