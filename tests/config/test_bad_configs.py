@@ -8,6 +8,7 @@ Most cases call the validation in-process (Hydra composition + checks); a handfu
 import os
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -252,6 +253,14 @@ def _skip_if_logger_installed(overrides: str) -> None:
             pytest.skip(f"{package} is installed here")
 
 
+def _skip_if_gpus(overrides: str) -> None:
+    if overrides.startswith("resources.use_gpu"):
+        import torch
+
+        if torch.cuda.is_available():
+            pytest.skip("this machine has GPUs")
+
+
 def test_the_table_has_one_case_per_rule():
     assert len(CASES) >= 40
     assert len({c[0] for c in CASES}) == len(CASES)
@@ -260,18 +269,15 @@ def test_the_table_has_one_case_per_rule():
 @pytest.mark.parametrize("overrides,key,fix", CASES, ids=[c[0] for c in CASES])
 def test_bad_config_fails_fast_naming_key_and_fix(overrides, key, fix, monkeypatch):
     monkeypatch.delenv("RAY_ADDRESS", raising=False)  # resources are checked for a private Ray
-    if overrides.startswith("resources.use_gpu"):
-        import torch
-
-        if torch.cuda.is_available():
-            pytest.skip("this machine has GPUs")
+    _skip_if_gpus(overrides)
     _skip_if_logger_installed(overrides)
     problem = first_problem(overrides)  # from validation alone: nothing is started
     assert key in problem, problem
     assert fix in problem, problem
 
 
-@pytest.mark.parametrize("override,key", [
+# `python -m rlframe.main OVERRIDES` exits 2 naming the key (the first problem's line starts with it)
+MAIN_CASES = [
     ("resources.nodes=0", "resources.nodes=0"),
     ("data.train_batch_size=-1", "data.train_batch_size=-1"),
     ("actor.micro_batch_size=0", "actor.micro_batch_size=0"),
@@ -290,18 +296,46 @@ def test_bad_config_fails_fast_naming_key_and_fix(overrides, key, fix, monkeypat
     # a cluster config on a machine without its weights: the model, not the node count
     ("--config-name ppo_llama70b data.task=arithmetic data.train_files=[] data.val_files=[]",
      "model.path='/models/Meta-Llama-3-70B-Instruct' has no config.json"),
-])
-def test_main_exits_2_without_traceback(override, key, tmp_path):
-    _skip_if_logger_installed(override)
-    if override.startswith("resources.use_gpu"):
-        import torch
+]
 
-        if torch.cuda.is_available():
-            pytest.skip("this machine has GPUs")
-    env = {**os.environ, "PYTHONPATH": str(REPO), "RAY_ADDRESS": "", "CUDA_VISIBLE_DEVICES": ""}
-    out_dir = tmp_path / "outputs"
-    proc = subprocess.run([sys.executable, "-m", "rlframe.main", *override.split(), f"trainer.output_dir={out_dir}"],
+
+def _run_main(override: str, out_dir: Path, env: dict[str, str]) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "rlframe.main", *override.split(), f"trainer.output_dir={out_dir}"],
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def main_runs(request, tmp_path_factory):
+    """The `python -m rlframe.main` runs of the selected MAIN_CASES, {override: (output dir, future)}.
+
+    Started when the module's first test starts, two at a time in background threads, so that they overlap
+    the in-process cases (each is still a process of its own, run exactly as alone, with its own empty
+    output directory); each test waits for its own run. All have ended when the module's tests have."""
+    selected = {item.callspec.params["override"] for item in request.session.items
+                if getattr(item, "module", None) is request.module
+                and getattr(item, "originalname", None) == "test_main_exits_2_without_traceback"}
+    env = {**os.environ, "PYTHONPATH": str(REPO), "RAY_ADDRESS": "", "CUDA_VISIBLE_DEVICES": ""}
+    runs = {}
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        for override, _ in MAIN_CASES:
+            if override not in selected:
+                continue
+            try:
+                _skip_if_logger_installed(override)
+                _skip_if_gpus(override)
+            except pytest.skip.Exception:
+                continue
+            out_dir = tmp_path_factory.mktemp("main") / "outputs"
+            runs[override] = (out_dir, pool.submit(_run_main, override, out_dir, env))
+        yield runs
+
+
+@pytest.mark.parametrize("override,key", MAIN_CASES)
+def test_main_exits_2_without_traceback(override, key, main_runs):
+    _skip_if_logger_installed(override)
+    _skip_if_gpus(override)
+    out_dir, run = main_runs[override]
+    proc = run.result()
     assert proc.returncode == 2, proc.stderr
     assert "Traceback" not in proc.stderr and "Started a local Ray" not in proc.stderr + proc.stdout, proc.stderr
     first = proc.stderr.splitlines()[1]  # "rlframe: invalid configuration:" then one line per problem

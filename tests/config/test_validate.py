@@ -1,7 +1,9 @@
 """Configuration errors are caught in the driver, before any worker starts, with a fix in the text."""
 
+import os
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -56,14 +58,33 @@ def test_megatron_runs_on_cpu():
     validate(load_config("ppo_tiny", ["actor.strategy=megatron", "critic.strategy=megatron"]))
 
 
-@pytest.mark.parametrize("override,expect", [
+MAIN_CASES = [
     ("data.train_batch_size=63", "not divisible"),
     ("rollout.tp=4", "larger than the actor group"),
     ("model.path=/nope", "no config.json"),
     ("algorithm.name=foo", "is unknown"),
-])
-def test_main_fails_fast_before_workers(override, expect):
-    proc = subprocess.run([sys.executable, "-m", "rlframe.main", override], capture_output=True, text=True, timeout=60)
+]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def main_runs(request):
+    """The `python -m rlframe.main OVERRIDE` runs of the selected MAIN_CASES, {override: future}: started
+    when the module's first test starts, two at a time in background threads, so that they overlap the
+    in-process tests (each still a process of its own, with this process's environment); each test waits
+    for its own. All have ended when the module's tests have."""
+    selected = {item.callspec.params["override"] for item in request.session.items
+                if getattr(item, "module", None) is request.module
+                and getattr(item, "originalname", None) == "test_main_fails_fast_before_workers"}
+    env, cwd = dict(os.environ), os.getcwd()
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        yield {override: pool.submit(subprocess.run, [sys.executable, "-m", "rlframe.main", override],
+                                     capture_output=True, text=True, timeout=60, env=env, cwd=cwd)
+               for override, _ in MAIN_CASES if override in selected}
+
+
+@pytest.mark.parametrize("override,expect", MAIN_CASES)
+def test_main_fails_fast_before_workers(override, expect, main_runs):
+    proc = main_runs[override].result()
     assert proc.returncode == 2, proc.stderr
     assert expect in proc.stderr
     assert "Started a local Ray" not in proc.stderr  # no worker (not even Ray) was started

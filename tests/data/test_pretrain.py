@@ -1,7 +1,11 @@
 import json
+import shutil
+from concurrent.futures import ThreadPoolExecutor
 
+import pytest
 import torch
 
+from rlframe.data import pretrain
 from rlframe.data.pretrain import SFTConfig, build_pretrained_model, encode_sft_batch
 from rlframe.data.tiny_eval import evaluate_model_dir
 from rlframe.data.tokenizer import build_char_tokenizer
@@ -18,19 +22,28 @@ def test_sft_batch_masks_the_prompt():
     assert (labels[0, 6:] == -100).all() and (mask[0, 6:] == 0).all()
 
 
-def test_pretrained_model_is_cached_deterministic_and_loads(tmp_path):
+@pytest.fixture(scope="module")
+def seed0_model(tmp_path_factory):
+    """The test preset's seed-0 model (TINY), built once in a cache of its own by the pre-training child: the
+    first build of the determinism test below, and the files the stale-temp-dir test's build installs."""
+    return build_pretrained_model(preset="test", seed=0, cfg=TINY, cache_dir=tmp_path_factory.mktemp("a"))
+
+
+def test_pretrained_model_is_cached_deterministic_and_loads(seed0_model, tmp_path):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    a = build_pretrained_model(preset="test", seed=0, cfg=TINY, cache_dir=tmp_path / "a")
-    info = json.loads((a / "rlframe_pretrain.json").read_text())
-    assert info["sft"]["steps"] == 4 and info["preset"] == "test"
-    mtime = (a / "model.safetensors").stat().st_mtime_ns
-    assert build_pretrained_model(preset="test", seed=0, cfg=TINY, cache_dir=tmp_path / "a") == a
-    assert (a / "model.safetensors").stat().st_mtime_ns == mtime  # served from the cache
-    assert [p.name for p in a.parent.iterdir()] == [a.name]  # no temp dir left behind
-
-    b = build_pretrained_model(preset="test", seed=0, cfg=TINY, cache_dir=tmp_path / "b")
-    c = build_pretrained_model(preset="test", seed=1, cfg=TINY, cache_dir=tmp_path / "b")
+    a, cache_a = seed0_model, seed0_model.parent.parent
+    # b and c, each built by a pre-training child of its own, at the same time (and while `a` is checked)
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        built_b = pool.submit(build_pretrained_model, preset="test", seed=0, cfg=TINY, cache_dir=tmp_path / "b")
+        built_c = pool.submit(build_pretrained_model, preset="test", seed=1, cfg=TINY, cache_dir=tmp_path / "b")
+        info = json.loads((a / "rlframe_pretrain.json").read_text())
+        assert info["sft"]["steps"] == 4 and info["preset"] == "test"
+        mtime = (a / "model.safetensors").stat().st_mtime_ns
+        assert build_pretrained_model(preset="test", seed=0, cfg=TINY, cache_dir=cache_a) == a
+        assert (a / "model.safetensors").stat().st_mtime_ns == mtime  # served from the cache
+        assert [p.name for p in a.parent.iterdir()] == [a.name]  # no temp dir left behind
+        b, c = built_b.result(), built_c.result()
     assert a.name == b.name and b != c
     ma, mb, mc = (AutoModelForCausalLM.from_pretrained(str(p), dtype=torch.float32) for p in (a, b, c))
     sa, sb, sc = ma.state_dict(), mb.state_dict(), mc.state_dict()
@@ -46,20 +59,23 @@ def test_pretrained_model_is_cached_deterministic_and_loads(tmp_path):
 
 
 def test_unknown_task_and_preset_are_errors(tmp_path):
-    import pytest
-
     with pytest.raises(ValueError, match="unknown pre-training task"):
         build_pretrained_model(task="poetry", cache_dir=tmp_path)
     with pytest.raises(ValueError, match="unknown model preset"):
         build_pretrained_model(preset="huge", cfg=TINY, cache_dir=tmp_path)
 
 
-def test_stale_temp_dirs_are_removed(tmp_path):
+def test_stale_temp_dirs_are_removed(tmp_path, monkeypatch, seed0_model):
     import os
     import time
 
     from rlframe.data.pretrain import STALE_TEMP_S, cache_key
 
+    def train_seed0(tmp, **recipe):  # the module's build of this recipe, not a second training of it
+        assert recipe == {"preset": "test", "task": "arithmetic", "seed": 0, "cfg": TINY}
+        shutil.copytree(seed0_model, tmp, dirs_exist_ok=True)
+
+    monkeypatch.setattr(pretrain, "_train_in_child", train_seed0)
     models = tmp_path / "models"
     name = cache_key(preset="test", task="arithmetic", seed=0, cfg=TINY)
     old, fresh = models / f".{name}.old", models / f".{name}.fresh"

@@ -9,17 +9,20 @@ machines train different weights (checked by the second test); with it the weigh
 
 import hashlib
 import json
+import os
 import platform
 import shutil
 import subprocess
+import sys
+from dataclasses import asdict
 from pathlib import Path
 
 import pytest
 
-from rlframe.data import pretrain
-from rlframe.data.pretrain import SFTConfig, build_pretrained_model
+from rlframe.data.pretrain import SFTConfig
 
 CFG = SFTConfig(steps=6, batch_size=32, num_train=200, num_test=20, warmup=2)
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _cpu_flags() -> set[str]:
@@ -60,20 +63,41 @@ def _machines(tmp_path: Path) -> tuple[dict[str, str], dict[str, str]]:
     return wide, narrow
 
 
-def _build_on(machine: dict[str, str], monkeypatch, cache: Path) -> tuple[str, dict]:
-    """(sha256 of model.safetensors, rlframe_pretrain.json) of a build with `machine`'s environment."""
-    with monkeypatch.context() as m:
-        for k, v in machine.items():
-            m.setenv(k, v)
-        path = build_pretrained_model(preset="demo", seed=0, cfg=CFG, cache_dir=cache)
-    digest = hashlib.sha256((path / "model.safetensors").read_bytes()).hexdigest()
-    return digest, json.loads((path / "rlframe_pretrain.json").read_text())
+# build_pretrained_model as a test here would call it, in a Python process of its own; argv: the SFTConfig
+# (json), the cache directory, "pinned" or "unpinned" (REPRODUCIBLE_ENV emptied first: no pinning)
+_BUILD = """
+import json, sys
+from rlframe.data import pretrain
+if sys.argv[3] == "unpinned":
+    pretrain.REPRODUCIBLE_ENV = {}
+cfg = pretrain.SFTConfig(**json.loads(sys.argv[1]))
+print(pretrain.build_pretrained_model(preset="demo", seed=0, cfg=cfg, cache_dir=sys.argv[2]))
+"""
 
 
-def test_pinned_pretraining_is_bitwise_identical_across_emulated_machines(tmp_path, monkeypatch):
+def _build_on(machines: list[dict[str, str]], caches: list[Path], *, pinned: bool = True) -> list[tuple[str, dict]]:
+    """(sha256 of model.safetensors, rlframe_pretrain.json) of a build with each machine's environment.
+
+    The builds run at the same time, each calling build_pretrained_model in a Python process of its own whose
+    environment is this one's with the machine's variables set (what setting them here would hand to the
+    pre-training child, which starts from it); `pinned=False` empties REPRODUCIBLE_ENV there first."""
+    procs = [subprocess.Popen([sys.executable, "-c", _BUILD, json.dumps(asdict(CFG)), str(cache),
+                               "pinned" if pinned else "unpinned"], cwd=REPO, env={**os.environ, **machine},
+                              stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for machine, cache in zip(machines, caches)]
+    results = []
+    for proc in procs:
+        out, err = proc.communicate()
+        assert proc.returncode == 0, err
+        path = Path(out.strip().splitlines()[-1])
+        digest = hashlib.sha256((path / "model.safetensors").read_bytes()).hexdigest()
+        results.append((digest, json.loads((path / "rlframe_pretrain.json").read_text())))
+    return results
+
+
+def test_pinned_pretraining_is_bitwise_identical_across_emulated_machines(tmp_path):
     wide, narrow = _machines(tmp_path)
-    a, info_a = _build_on(wide, monkeypatch, tmp_path / "wide")
-    b, info_b = _build_on(narrow, monkeypatch, tmp_path / "narrow")
+    (a, info_a), (b, info_b) = _build_on([wide, narrow], [tmp_path / "wide", tmp_path / "narrow"])
     assert a == b
     assert info_a["weights_sha256"] == info_b["weights_sha256"] == a
     for info in (info_a, info_b):
@@ -81,12 +105,10 @@ def test_pinned_pretraining_is_bitwise_identical_across_emulated_machines(tmp_pa
         assert info["env"]["MKL_CBWR"] == "COMPATIBLE" and info["env"]["OMP_NUM_THREADS"] == str(CFG.threads)
 
 
-def test_without_the_pinning_the_emulated_machines_differ(tmp_path, monkeypatch):
+def test_without_the_pinning_the_emulated_machines_differ(tmp_path):
     """The control: the emulation is a real difference, so the test above could fail."""
     wide, narrow = _machines(tmp_path)
     if "ATEN_CPU_CAPABILITY" not in wide and "LD_PRELOAD" not in wide:
         pytest.skip("no AVX512 and no C compiler: this machine cannot emulate a second one")
-    monkeypatch.setattr(pretrain, "REPRODUCIBLE_ENV", {})
-    a, _ = _build_on(wide, monkeypatch, tmp_path / "wide")
-    b, _ = _build_on(narrow, monkeypatch, tmp_path / "narrow")
+    (a, _), (b, _) = _build_on([wide, narrow], [tmp_path / "wide", tmp_path / "narrow"], pinned=False)
     assert a != b

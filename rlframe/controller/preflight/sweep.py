@@ -58,19 +58,44 @@ def _pairs(row: dict) -> set:
 
 
 def pairwise_rows(*, seed: int = 0, candidates: int = 60) -> list[dict]:
-    """Rows covering every valid pair of levels, greedily, the most covering first."""
+    """Rows covering every valid pair of levels, greedily, the most covering first.
+
+    Each round draws `candidates` allowed rows at random, adds the first `candidates` rows (in the
+    order of `itertools.product`) that still cover a pair, and takes the first of the pool that covers
+    most pairs not yet covered. A pair of levels is numbered once, so a row is its array of pair
+    numbers and each round counts every row's uncovered pairs in one array lookup (comparing `_pairs`
+    sets row by row took 10-20 s for the same rows).
+    """
+    import numpy as np
+
     rng = random.Random(seed)
-    names = list(FACTORS)
-    everything = [dict(zip(names, levels)) for levels in itertools.product(*FACTORS.values())]
-    allowed = [r for r in everything if valid(r)]
-    todo = set().union(*(_pairs(r) for r in allowed))
+    names, levels = list(FACTORS), list(FACTORS.values())
+    allowed, index = [], []
+    for idx, values in zip(itertools.product(*(range(len(v)) for v in levels)), itertools.product(*levels)):
+        row = dict(zip(names, values))
+        if valid(row):
+            allowed.append(row)
+            index.append(idx)
+    # level numbers as `_pairs` compares levels: by equality (the first equal level of the factor)
+    first_equal = [np.array([v.index(x) for x in v]) for v in levels]
+    ids = np.array(index, dtype=np.int64).reshape(len(index), len(levels))
+    ids = np.stack([first_equal[f][ids[:, f]] for f in range(len(levels))], axis=1) if len(levels) else ids
+    # pair (factor i at level a, factor j at level b), i < j: number offset(i, j) + a * len(levels[j]) + b
+    columns, offset = [], 0
+    for i, j in itertools.combinations(range(len(levels)), 2):
+        columns.append(offset + ids[:, i] * len(levels[j]) + ids[:, j])
+        offset += len(levels[i]) * len(levels[j])
+    pairs = np.stack(columns, axis=1) if columns else np.zeros((len(allowed), 0), dtype=np.int64)
+    todo = np.zeros(offset, dtype=bool)
+    todo[pairs] = True
     rows = []
-    while todo:
-        pool = rng.sample(allowed, min(candidates, len(allowed)))
-        pool += [r for r in allowed if not _pairs(r).isdisjoint(todo)][:candidates]  # keep progress possible
-        best = max(pool, key=lambda r: len(_pairs(r) & todo))
-        rows.append(best)
-        todo -= _pairs(best)
+    while todo.any():
+        gain = todo[pairs].sum(axis=1)  # each row's pairs not yet covered
+        pool = rng.sample(range(len(allowed)), min(candidates, len(allowed)))
+        pool += np.flatnonzero(gain)[:candidates].tolist()  # keep progress possible
+        best = max(pool, key=gain.__getitem__)
+        rows.append(allowed[best])
+        todo[pairs[best]] = False
     return rows
 
 
