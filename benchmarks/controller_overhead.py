@@ -3,7 +3,7 @@
 A call is the whole single-controller path: split the arguments by the dispatch mode, send them to
 every rank, wait for all, gather. Both paths are measured in the same run, alternating: plain (one
 Ray actor call per rank) and compiled (one execution of the processes' Ray compiled graph,
-rlframe/controller/compiled.py). Usage: python benchmarks/controller_overhead.py
+rlframe/single_controller/compiled.py). Usage: python benchmarks/controller_overhead.py
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import argparse
 
 from report import machine_line, machine_state, markdown_table, median_seconds, write_section
 
-from rlframe.controller import Dispatch, RayWorkerGroup, ResourcePool, Worker, register
-from rlframe.controller.ray_utils import init_local_ray
+from rlframe.single_controller import Dispatch, RayWorkerGroup, ResourcePool, Worker, register
+from rlframe.single_controller.ray_utils import init_local_ray
 from rlframe.protocol import DataProto
 
 

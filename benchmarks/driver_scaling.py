@@ -12,7 +12,7 @@ object store, outputs it fetches and their bytes. Two dispatch schemes are compa
 - rlframe now: a chunk shared by tp/pp peers is put into the object store once (ranks fetch it
   there, a node pulls it once), and only one rank per dp group returns data. A step's calls are
   compute calls, which stay one Ray call per rank by default; with `RLFRAME_COMPILED_CALLS=all` each
-  is one execution of the processes' compiled graph (rlframe/controller/compiled.py).
+  is one execution of the processes' compiled graph (rlframe/single_controller/compiled.py).
 Bytes follow the batch that the PPO trainer sends to each call (docs/contracts.md keys; int64 ids
 and masks, fp32 per-token values), with prompts and responses at their full padded lengths.
 """

@@ -9,7 +9,7 @@ each computing L / sp positions. For each configuration, in its own processes:
   before it (after a warm-up step, so the weight shards and Adam state are already there, and
   after returning the C heap's free pages to the kernel): the step's activations and transient
   buffers, measured (Linux VmHWM, reset through clear_refs);
-- the dry run's activation estimate for the same micro-batch (rlframe.controller.activation_memory);
+- the dry run's activation estimate for the same micro-batch (rlframe.plan.activation_memory);
 - seconds per step (median over --steps after the warm-up) and tokens per second.
 The machine has 2 cores: sp=1 runs 1 rank x 2 threads, sp=2 2 ranks x 1 thread, sp=4 4 ranks x 1
 thread (oversubscribed), so times compare the same machine, not the same core count per rank.
@@ -84,7 +84,7 @@ def _measure(rank, world, path, length, steps):
 
 
 def _estimate(preset: str, length: int, sp: int) -> float:
-    from rlframe.controller.activation_memory import micro_batch_bytes
+    from rlframe.plan.activation_memory import micro_batch_bytes
     from rlframe.data.tiny_model import PRESETS
     from rlframe.data.tokenizer import build_char_tokenizer
     from rlframe.resharding.formats import ModelDims

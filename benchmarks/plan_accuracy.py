@@ -217,7 +217,7 @@ def main() -> None:
     args = ap.parse_args()
     sys.path.insert(0, str(ROOT))
     from rlframe.config import load_config, validate
-    from rlframe.controller.dry_run import model_dims
+    from rlframe.plan.dry_run import model_dims
     from rlframe.plan.calibrate import calibrate, observed
     from rlframe.plan.cost import estimate
 

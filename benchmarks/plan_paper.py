@@ -41,7 +41,7 @@ def main() -> None:
     ap.add_argument("--no-write", action="store_true")
     args = ap.parse_args()
     from rlframe.config import load_config, validate
-    from rlframe.controller.dry_run import model_dims
+    from rlframe.plan.dry_run import model_dims
     from rlframe.plan.cost import H100_ASSUMED, estimate
     from rlframe.plan.space import enumerate_plans, peak_gib
 

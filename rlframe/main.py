@@ -34,19 +34,19 @@ def main(argv: list[str] | None = None) -> int:
         print(f"rlframe: {err}", file=sys.stderr)
         return 2
     if cfg.trainer.dry_run:
-        from rlframe.controller.dry_run import describe_run
+        from rlframe.plan.dry_run import describe_run
 
         print(f"config {name}: valid (dry run: model/data paths are not checked)\n{describe_run(cfg)}")
         return 0
-    from rlframe.controller.startup import check_cpu_precision
+    from rlframe.controller.cpu_precision import check_cpu_precision
     from rlframe.controller.preflight.checks import InvariantViolation
-    from rlframe.controller.trainers import run_training
-    from rlframe.controller.trainers.checkpoint import CheckpointWriteFailed
-    from rlframe.controller.trainers.node_loss import NodeLost
-    from rlframe.controller.trainers.nonfinite import NonFiniteTrainingError
-    from rlframe.controller.trainers.preemption import Preempted
-    from rlframe.controller.trainers.restart import WorkerRestartsExhausted
-    from rlframe.controller.trainers.tracking import RunFilesWriteFailed
+    from rlframe.controller.run import run_training
+    from rlframe.controller.lifecycle.checkpoint import CheckpointWriteFailed
+    from rlframe.controller.lifecycle.node_loss import NodeLost
+    from rlframe.controller.lifecycle.nonfinite import NonFiniteTrainingError
+    from rlframe.controller.lifecycle.preemption import Preempted
+    from rlframe.controller.lifecycle.restart import WorkerRestartsExhausted
+    from rlframe.controller.lifecycle.tracking import RunFilesWriteFailed
     from rlframe.rewards.manager import RewardErrorsExceeded
 
     check_cpu_precision(cfg)  # bf16 on a CPU whose bf16 matmuls are slower than fp32: say so

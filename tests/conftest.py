@@ -45,7 +45,7 @@ def worker_zygote(tmp_path_factory):
 def ray_cluster(worker_zygote):
     """A local Ray instance shared by the tests of one session (starting Ray costs about 5 s), whose
     worker processes fork from the session's zygote."""
-    from rlframe.controller.ray_utils import init_local_ray
+    from rlframe.single_controller.ray_utils import init_local_ray
     from tests import zygote
 
     import ray

@@ -32,7 +32,7 @@ import sys
 # Everything a worker imports except Ray and the vLLM modules that import it (vllm.entrypoints.llm
 # and its engine client, about 0.3 s on top of these).
 PRELOAD = ("torch", "torch.distributed", "transformers", "safetensors.torch", "tensordict",
-           "rlframe.controller.host", "rlframe.workers.actor", "rlframe.workers.critic", "rlframe.workers.generator",
+           "rlframe.single_controller.host", "rlframe.workers.actor", "rlframe.workers.critic", "rlframe.workers.generator",
            "rlframe.workers.reference", "rlframe.workers.reward_model", "rlframe.workers.rollout.vllm_engine",
            "rlframe.workers.rollout.hf_engine", "rlframe.workers.engines.fsdp.engine", "vllm", "vllm.config",
            "vllm.engine.arg_utils", "vllm.sampling_params", "vllm.model_executor.models.qwen2",

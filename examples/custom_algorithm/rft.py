@@ -21,7 +21,7 @@ import torch
 
 from rlframe.algos import agg_loss, register_advantage_estimator, register_policy_loss
 from rlframe.algos.grouping import group_rows
-from rlframe.controller import Dispatch, register
+from rlframe.single_controller import Dispatch, register
 from rlframe.controller.trainers import phases
 from rlframe.controller.trainers.metrics import batch_metrics, gathered, throughput
 from rlframe.controller.trainers.ppo import PPOTrainer

@@ -151,7 +151,7 @@ RANGES: dict[str, Rule] = {
 
 
 def _choices() -> dict[str, tuple]:
-    from rlframe.controller.trainers.tracking import SINKS
+    from rlframe.controller.lifecycle.tracking import SINKS
     from rlframe.data.synthetic import TASKS
     from rlframe.data.tool_task import DATA_SOURCE as TOOL_TASK
     from rlframe.data.tiny_model import PRESETS

@@ -219,7 +219,7 @@ class ResourcesConfig:
     cpus_per_proc: float = 1.0
     # After a node is lost (trainer.max_restarts > 0): go on with fewer nodes and a smaller dp when
     # that layout is valid (true), else wait this many seconds for the cluster to have room again
-    # (the node back, or another one) before failing (controller/trainers/node_loss.py).
+    # (the node back, or another one) before failing (controller/lifecycle/node_loss.py).
     elastic: bool = False
     node_wait_s: float = 300.0
     # GiB of one GPU that the dry run's memory estimate compares with (what torch.cuda.mem_get_info

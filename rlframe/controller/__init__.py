@@ -1,21 +1,4 @@
-"""Driver side of rlframe: worker groups, dispatch, resource pools, trainers."""
-
-from rlframe.controller.decorator import register
-from rlframe.controller.dispatch import Dispatch
-from rlframe.controller.mesh import Mesh
-from rlframe.controller.resource_pool import ResourcePool
-from rlframe.controller.worker import Worker
-from rlframe.controller.worker_group import (
-    GroupFuture,
-    RayWorkerGroup,
-    RoleSpec,
-    WorkerCallError,
-    WorkerDiedError,
-    WorkerGroupError,
-    WorkerTimeoutError,
-)
-
-__all__ = [
-    "Dispatch", "GroupFuture", "Mesh", "RayWorkerGroup", "ResourcePool", "RoleSpec", "Worker",
-    "WorkerCallError", "WorkerDiedError", "WorkerGroupError", "WorkerTimeoutError", "register",
-]
+"""The application on the driver: the trainers' dataflows (trainers/), a run's lifecycle (lifecycle/:
+run lock and identity, checkpoints, restarts, node loss, preemption, tracking), `run_training`
+(run.py) and the preflight harness (preflight/). The runtime they drive is rlframe.single_controller.
+"""

@@ -91,7 +91,7 @@ def start_local_cluster(*, num_cpus: int = 16, env: dict[str, str] | None = None
     """Start a one-node Ray cluster with its dashboard on 127.0.0.1 and wait until it accepts jobs.
 
     num_cpus: logical CPUs to advertise; rlframe's workers mostly wait on each other, so a 2-core
-        machine still needs about 16 to place a tiny run's worker groups (see controller/ray_utils.py).
+        machine still needs about 16 to place a tiny run's worker groups (see single_controller/ray_utils.py).
     env: extra environment for the cluster's processes (e.g. RAY_AUTH_MODE, RAY_AUTH_TOKEN_PATH).
     temp_dir: Ray's session directory (logs, sockets; keep it short: socket paths are limited to 108
         bytes), created if missing and left in place by `stop()`; None: a new /tmp/rlf_ray_* removed by `stop()`.

@@ -44,7 +44,7 @@ def compute_rate(dtype: str = "float32") -> float:
     """FLOP/s of a matmul on one thread, as a worker computes (startup.matmul_rates: best of several)."""
     import torch
 
-    from rlframe.controller.startup import matmul_rates
+    from rlframe.utils.startup import matmul_rates
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
@@ -117,7 +117,7 @@ def variants(cfg) -> list[list[str]]:
 
 def tensor_parallel_variant(cfg) -> list[str]:
     """Overrides moving a factor 2 of each trained role's dp to tp, or [] where an engine refuses it."""
-    from rlframe.controller.dry_run import model_dims
+    from rlframe.plan.dry_run import model_dims
     from rlframe.plan.space import model_type_of, engine_accepts
 
     dims, out = model_dims(cfg), []
@@ -234,7 +234,7 @@ def calibrate(name: str, overrides: list[str], *, config_path: str | None = None
     """Measure and fit the constants for `name` with `overrides` on this machine; `run(name,
     overrides)` gives a profile's rows (default: `profile`, the main job run here)."""
     from rlframe.config import load_config, validate
-    from rlframe.controller.dry_run import model_dims, runtime_dtype
+    from rlframe.plan.dry_run import model_dims, runtime_dtype
     from rlframe.utils.machine import cpu_model
 
     cfg = validate(load_config(name, overrides, extra_dir=config_path))

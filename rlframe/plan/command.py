@@ -64,7 +64,7 @@ def load_constants(setting: str | Path = DEFAULT_CONSTANTS):
 def resumed_plan(cfg):
     """(the plan the checkpoint this launch resumes was written with, its path), or None: a resumed
     run keeps its layout (a checkpoint loads into the layout that wrote it)."""
-    from rlframe.controller.trainers.run_identity import checkpoint_run_info, complete_checkpoints
+    from rlframe.controller.lifecycle.run_identity import checkpoint_run_info, complete_checkpoints
     from rlframe.plan.space import plan_of
 
     t = cfg.trainer
@@ -92,7 +92,7 @@ def auto_plan(cfg, constants_path: str | Path = DEFAULT_CONSTANTS, *, log=_say):
     import dataclasses
 
     from rlframe.config import ConfigError
-    from rlframe.controller.dry_run import model_dims
+    from rlframe.plan.dry_run import model_dims
 
     kept = resumed_plan(cfg)
     if kept is not None:
@@ -159,7 +159,7 @@ def write_config(path: Path, cfg, *, header: str) -> None:
 
 def main(argv: list[str]) -> int:
     from rlframe.config import ConfigError, load_config
-    from rlframe.controller.dry_run import model_dims
+    from rlframe.plan.dry_run import model_dims
 
     args = parse(argv)
     try:  # not validated as it is: its layout may not fit the resources yet, which is what the plans choose

@@ -170,7 +170,7 @@ class CostModel:
     def concurrent_sequences(self, tp: int) -> int:
         """Sequences one replica decodes at once: rollout.max_num_seqs, or fewer when its KV cache
         (the dry run's estimate of what vLLM gets) holds fewer whole sequences."""
-        from rlframe.controller.memory_estimate import GiB, Estimate
+        from rlframe.plan.memory_estimate import GiB, Estimate
 
         d, cfg = self.dims, self.cfg
         rows = Estimate(cfg, d, hf_param_shapes(d), self.b).vllm_rows()
@@ -205,7 +205,7 @@ class CostModel:
     def weight_sync(self) -> float:
         """The actor's weights into the generation layout: the planner's exact bytes, the most any
         generating rank receives (the ranks receive at once), in rollout.bucket_bytes buckets."""
-        from rlframe.controller.dry_run import layouts
+        from rlframe.plan.dry_run import layouts
         from rlframe.resharding.planner import ParamMeta, cached_plan
 
         import torch
@@ -219,7 +219,7 @@ class CostModel:
         most = max((plan.bytes_received(r) for r in gen.ranks), default=0)
         buckets = len(make_buckets(plan, bucket_bytes=self.cfg.rollout.bucket_bytes))  # one latency each
         if self.cfg.actor.lora_rank > 0:  # only the adapters move (the base weights never change)
-            from rlframe.controller.memory_estimate import lora_fraction
+            from rlframe.plan.memory_estimate import lora_fraction
 
             most *= lora_fraction(hf_param_shapes(self.dims), self.cfg.actor)
             buckets = 1

@@ -196,7 +196,7 @@ def _layout_of(settings: list[tuple[str, Any]]) -> tuple[str, int, int, int]:
 
 
 def model_type_of(cfg: RunConfig) -> str:
-    from rlframe.controller.dry_run import model_config
+    from rlframe.plan.dry_run import model_config
 
     return str(model_config(cfg).get("model_type", ""))
 
@@ -261,8 +261,8 @@ def peak_gib(cfg: RunConfig, dims: ModelDims) -> float:
 
 def fits(cfg: RunConfig, dims: ModelDims) -> tuple[bool, float]:
     """(whether the devices hold the plan, the fullest one's GiB): the dry run's verdict."""
-    from rlframe.controller.dry_run import runtime_dtype
-    from rlframe.controller.memory_estimate import Estimate
+    from rlframe.plan.dry_run import runtime_dtype
+    from rlframe.plan.memory_estimate import Estimate
     from rlframe.resharding.formats import hf_param_shapes
 
     est = Estimate(cfg, dims, hf_param_shapes(dims), runtime_dtype(cfg).itemsize)

@@ -48,7 +48,7 @@ def _family(host: str) -> int:
 def port_problem(host: str, port: int) -> str | None:
     """Why the endpoint could not listen on host:port now (None: it can), said as a config problem.
     None also when this driver serves it already (a layout validated again during the run: the
-    smaller layout after a lost node, controller/trainers/node_loss.py)."""
+    smaller layout after a lost node, controller/lifecycle/node_loss.py)."""
     if _endpoint is not None and (_endpoint.host, _endpoint.port) == (host, port):
         return None
     try:

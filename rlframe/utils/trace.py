@@ -8,7 +8,7 @@ Who records what:
                          and `span(name)`: pid "driver", one tid per driver thread
     driver intervals     `interval(name, start, end, lane=...)`: spans that overlap each other or
                          cross steps (generation rounds in flight), one sub-lane per overlap
-    group calls          controller/worker_group.py: one "X" event per called rank, pid = worker group,
+    group calls          single_controller/worker_group.py: one "X" event per called rank, pid = worker group,
                          tid = rank; args: method, role, step, bytes_in / bytes_out (the driver's
                          view of the arguments and the output), call (the same on every rank of a
                          call), queued_ms (the driver's submit to the rank's start)

@@ -19,8 +19,8 @@ from rlframe.algos.registry import resolve_loss_agg_mode
 from rlframe.algos.rollout_correction import CORRECTION_MASKED
 
 from rlframe.config.schema import AlgorithmConfig, RolloutSection, TrainRoleConfig
-from rlframe.controller import Dispatch, Mesh, register
-from rlframe.controller.dispatch import METRICS_KEY
+from rlframe.single_controller import Dispatch, Mesh, register
+from rlframe.single_controller.dispatch import METRICS_KEY
 from rlframe.protocol import DataProto
 from rlframe.resharding.channel import P2PChannel
 from rlframe.resharding.executor import execute_plan

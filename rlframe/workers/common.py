@@ -38,7 +38,7 @@ def build_train_engine(role: TrainRoleConfig, *, model_path: str, head: str, tot
 def train_mesh(role: TrainRoleConfig):
     """The training layout as the role's dispatch mesh (pp only when pipelined, sp only when split):
     the sp ranks of a dp replica get the same batch chunk, like its tp ranks."""
-    from rlframe.controller import Mesh
+    from rlframe.single_controller import Mesh
 
     return Mesh.of(**({"pp": role.pp} if role.pp > 1 else {}), **({"sp": role.sp} if role.sp > 1 else {}),
                    dp=role.dp, tp=role.tp)
@@ -132,7 +132,7 @@ def metrics_only(metrics: dict[str, float], dp_rank: int):
     rank), for methods whose result is a measurement rather than per-sample data."""
     import torch
 
-    from rlframe.controller.dispatch import METRICS_KEY
+    from rlframe.single_controller.dispatch import METRICS_KEY
     from rlframe.protocol import DataProto
 
     return DataProto.from_dict(tensors={"dp_rank": torch.tensor([dp_rank])}, meta_info={METRICS_KEY: metrics})

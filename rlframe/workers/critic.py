@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from rlframe.config.schema import TrainRoleConfig
-from rlframe.controller import Dispatch, register
+from rlframe.single_controller import Dispatch, register
 from rlframe.protocol import DataProto
 from rlframe.workers.common import RL_LOSS_WEIGHTING, build_train_engine, train_mesh
 from rlframe.workers.losses import critic_loss_fn

@@ -10,8 +10,8 @@ import time
 import torch
 
 from rlframe.config.schema import RolloutSection, TrainRoleConfig
-from rlframe.controller import Dispatch, Mesh, Worker, register
-from rlframe.controller.dispatch import METRICS_KEY
+from rlframe.single_controller import Dispatch, Mesh, Worker, register
+from rlframe.single_controller.dispatch import METRICS_KEY
 from rlframe.protocol import DataProto
 from rlframe.resharding.channel import P2PChannel
 from rlframe.resharding.executor import execute_plan

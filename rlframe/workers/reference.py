@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from rlframe.config.schema import TrainRoleConfig
-from rlframe.controller import Dispatch, Worker, register
+from rlframe.single_controller import Dispatch, Worker, register
 from rlframe.protocol import DataProto
 from rlframe.workers.common import build_train_engine, sampling_temperature, train_mesh
 

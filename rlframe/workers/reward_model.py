@@ -22,7 +22,7 @@ import itertools
 
 import torch
 
-from rlframe.controller import Dispatch, Worker, register
+from rlframe.single_controller import Dispatch, Worker, register
 from rlframe.protocol import DataProto
 from rlframe.rewards.reward_model import (build_rm_inputs, ensemble_scores, pack_right, retokenize_for_rm, rm_texts,
                                           same_tokenizer, sequence_scores)

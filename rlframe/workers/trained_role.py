@@ -4,7 +4,7 @@ epochs over shuffled mini-batches, and checkpoints / HF export as registered met
 from __future__ import annotations
 
 from rlframe.config.schema import TrainRoleConfig
-from rlframe.controller import Dispatch, Worker, register
+from rlframe.single_controller import Dispatch, Worker, register
 from rlframe.protocol import DataProto
 from rlframe.workers.common import mean_metrics, metrics_only, prefixed
 

@@ -347,11 +347,11 @@ def test_main_exits_2_without_traceback(override, key, main_runs):
 def test_a_config_error_never_reaches_run_training(tmp_path, monkeypatch):
     """main validates first and only then calls run_training, which writes config.yaml (and takes the
     run directory's lock): a config error leaves the output directory untouched."""
-    import rlframe.controller.trainers as trainers
+    import rlframe.controller.run as run
     from rlframe.main import main
 
     calls = []
-    monkeypatch.setattr(trainers, "run_training", lambda cfg, **kw: calls.append(cfg) or {})
+    monkeypatch.setattr(run, "run_training", lambda cfg, **kw: calls.append(cfg) or {})
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     out_dir = tmp_path / "outputs"
     for bad in ("reward.function_path=/no/such.py", "agent.enabled=true agent.builtin_tools=[search]",

@@ -116,8 +116,8 @@ def metrics(run_dir: Path) -> dict[int, dict]:
 
 GROUP_SCRIPT = textwrap.dedent("""
     import json, sys, ray
-    from rlframe.controller import RayWorkerGroup, ResourcePool
-    from tests.controller.workers_for_tests import HostFactsWorker
+    from rlframe.single_controller import RayWorkerGroup, ResourcePool
+    from tests.single_controller.workers_for_tests import HostFactsWorker
 
     ray.init(address="auto", log_to_driver=False)
     shared, hidden = sys.argv[1], sys.argv[2]
@@ -283,7 +283,7 @@ def test_the_weight_channel_joins_one_hosts_ranks_by_shm_and_hosts_by_gloo(hosts
     client = zygote.client_command(ZYGOTE_SOCK).split()
     results = [tmp_path / f"rank{rank}.json" for rank in range(4)]
     procs = [hosts.popen(rank % 2, [*client, str(script), str(rank), hosts.ip(0), str(port), str(results[rank])],
-                         env={"GLOO_SOCKET_IFNAME": "eth0"},  # as the job's workers bind gloo (controller/host.py)
+                         env={"GLOO_SOCKET_IFNAME": "eth0"},  # as the job's workers bind gloo (single_controller/host.py)
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO) for rank in range(4)]
     outs = [p.communicate(timeout=120) for p in procs]
     assert all(p.returncode == 0 for p in procs), [err[-2000:] for _, err in outs]

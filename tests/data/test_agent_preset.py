@@ -2,7 +2,7 @@ import json
 
 import pytest
 
-from rlframe.data.agent_eval import default_response_length, evaluate_agent
+from rlframe.controller.trainers.agent_eval import default_response_length, evaluate_agent
 from rlframe.data.pretrain import DEFAULT_SFT, SFTConfig, build_pretrained_model, chat_sft_examples, encode_chat_batch
 from rlframe.data.tiny_model import PRESETS, count_parameters
 

@@ -8,8 +8,8 @@ import torch
 
 from rlframe.algos import get_advantage_estimator, register_advantage_estimator
 from rlframe.config import ConfigError, load_config, validate
-from rlframe.controller import register
-from rlframe.controller.trainers import run_training
+from rlframe.single_controller import register
+from rlframe.controller.run import run_training
 from tests.controller.trainers.test_end_to_end import COMMON
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "custom_algorithm"

@@ -44,7 +44,7 @@ def test_config_validates_without_a_model_path():
 
 @pytest.mark.slow
 def test_example_trains_two_steps(tmp_path, ray_cluster):
-    from rlframe.controller.trainers import run_training
+    from rlframe.controller.run import run_training
 
     cfg = config(["trainer.total_steps=2", "trainer.val_every=2", "data.val_size=16", "trainer.loggers=[jsonl]",
                   "trainer.plot=false", "rollout.kv_cache_bytes=33554432", f"trainer.output_dir={tmp_path}"])

@@ -7,7 +7,7 @@ import math
 import pytest
 
 from rlframe.config import load_config
-from rlframe.controller.dry_run import model_dims
+from rlframe.plan.dry_run import model_dims
 from rlframe.plan.calibrate import FITTED, TENSOR_PARALLEL, fit, tensor_parallel_variant
 from rlframe.plan.cost import Constants, CostModel, estimate, flops_per_token, matmul_params, ring_seconds
 

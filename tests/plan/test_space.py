@@ -6,7 +6,7 @@ import dataclasses
 import pytest
 
 from rlframe.config import load_config, validate
-from rlframe.controller.dry_run import model_dims
+from rlframe.plan.dry_run import model_dims
 from rlframe.plan.space import candidates, enumerate_plans, layouts, micro_batches
 
 

@@ -7,7 +7,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from rlframe.config.schema import AlgorithmConfig, RolloutSection, TrainRoleConfig
-from rlframe.controller import RayWorkerGroup, ResourcePool
+from rlframe.single_controller import RayWorkerGroup, ResourcePool
 from rlframe.data.tiny_model import build_random_model
 from rlframe.protocol import DataProto
 from rlframe.workers.actor import ActorWorker

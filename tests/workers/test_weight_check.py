@@ -11,7 +11,7 @@ import torch
 from transformers import AutoTokenizer
 
 from rlframe.config.schema import AlgorithmConfig, RolloutSection, TrainRoleConfig
-from rlframe.controller import Dispatch, RayWorkerGroup, ResourcePool, register
+from rlframe.single_controller import Dispatch, RayWorkerGroup, ResourcePool, register
 from rlframe.controller.trainers.roles import RunRoles, open_weight_channel
 from rlframe.controller.trainers.weight_check import check_weight_sync, weight_check_metrics
 from rlframe.data.tiny_model import build_random_model

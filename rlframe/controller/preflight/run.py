@@ -64,7 +64,7 @@ def run_preflight(cfg, *, steps: int = 2, config_name: str = "", output_dir: str
 def run_observed(cfg, observer, *, steps: int, output_dir: str | None = None) -> None:
     """Run `cfg` as a check run (`preflight_config`) with `observer` attached to its trainer: its
     `before_update(trainer, batch)`, `after_step(trainer, metrics)` and `finish(steps)` are called."""
-    from rlframe.controller.ray_utils import start_ray_for_run
+    from rlframe.single_controller.ray_utils import start_ray_for_run
     from rlframe.controller.trainers import trainer_class
 
     with tempfile.TemporaryDirectory(prefix="rlframe-preflight-") as tmp:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from rlframe.controller.dispatch import METRICS_KEY
+from rlframe.single_controller.dispatch import METRICS_KEY
 
 
 def _stats(prefix: str, x: torch.Tensor) -> dict[str, float]:
@@ -68,7 +68,7 @@ def throughput(batch, *, step_time: float, world_size: int) -> dict[str, float]:
 def overhead(calls, *, step_time: float) -> dict[str, float]:
     """A step's time outside the workers' compute, by cause (issue: the control plane's cost).
 
-    `calls` are the step's CallRecords (rlframe.controller.worker_group.record_calls):
+    `calls` are the step's CallRecords (rlframe.single_controller.worker_group.record_calls):
     - timing_s/workers_compute: sum over calls of the slowest rank's time inside the method;
     - timing_s/overhead/submit: splitting, serializing and submitting the calls on the driver;
     - timing_s/overhead/rpc: waiting beyond the slowest rank's compute (Ray scheduling, transfer

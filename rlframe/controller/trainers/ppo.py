@@ -28,22 +28,22 @@ from rlframe.algos.kl import make_kl_controller
 from rlframe.config.build import to_dict
 from rlframe.config.schema import RunConfig
 from rlframe.config.resources import process_count, role_world_sizes
-from rlframe.controller import startup
+from rlframe.utils import startup
 from rlframe.controller.trainers import phases
 from rlframe.controller.trainers.agent_loop import build_agent
 from rlframe.controller.trainers.async_rollout import RolloutPipeline
-from rlframe.controller.trainers.checkpoint import CheckpointManager, driver_rng_state, restore_driver_rng
-from rlframe.controller.trainers.console import say
+from rlframe.controller.lifecycle.checkpoint import CheckpointManager, driver_rng_state, restore_driver_rng
+from rlframe.utils.console import say
 from rlframe.controller.trainers.generations import GenerationDump
 from rlframe.controller.trainers.metrics import batch_metrics, gathered, overhead, throughput
 from rlframe.controller.trainers.partial_rollout import PartialRollouts
-from rlframe.controller.trainers.preemption import Preempted, PreemptionWatch
+from rlframe.controller.lifecycle.preemption import Preempted, PreemptionWatch
 from rlframe.controller.trainers.prepare import build_data, model_path
 from rlframe.controller.trainers.roles import build_roles
 from rlframe.controller.trainers.stream_rollout import StreamingRollouts
-from rlframe.controller.trainers.tracking import Tracker, format_console, progress
+from rlframe.controller.lifecycle.tracking import Tracker, format_console, progress
 from rlframe.controller.trainers.validation import validate
-from rlframe.controller.worker_group import record_calls
+from rlframe.single_controller.worker_group import record_calls
 from rlframe.data.dataloader import to_dataproto
 from rlframe.protocol import DataProto
 from rlframe.rewards.manager import RewardManager
@@ -408,7 +408,7 @@ class PPOTrainer:
         weights, optimizer moments, schedule position, data position, RNG states and an adaptive KL
         controller's coefficient; learning rates, a fixed KL coefficient and total_steps come from
         the config, each change said in one line."""
-        from rlframe.controller.trainers.run_identity import claim_run, config_dict, resume_changes
+        from rlframe.controller.lifecycle.run_identity import claim_run, config_dict, resume_changes
 
         # this run's record (refuses a directory of another run); checkpoints record it and the config
         self.ckpt.bind(claim_run(self.run_dir, self.cfg), config=config_dict(self.cfg))

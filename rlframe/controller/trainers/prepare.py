@@ -29,7 +29,7 @@ def model_path(cfg: RunConfig) -> str:
 
     task = tiny_model_task(cfg)
     if cfg.data.task is None:  # own data only: say which model it starts from (docs/data.md)
-        from rlframe.controller.trainers.console import say
+        from rlframe.utils.console import say
 
         say(f"model: model.path is null, so the run starts from the tiny {cfg.model.tiny_preset!r} model "
             f"pre-trained on the {task} task (its tokenizer knows printable ASCII only); "
@@ -158,7 +158,7 @@ def build_data(cfg: RunConfig, tokenizer):
     train_files, val_files = task_files(cfg)
     origin = data_origin(cfg)
     if origin:
-        from rlframe.controller.trainers.console import say
+        from rlframe.utils.console import say
 
         say(origin)
     train = PromptDataset(train_files, tokenizer=tokenizer, max_prompt_length=cfg.data.prompt_length)

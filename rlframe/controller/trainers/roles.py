@@ -10,9 +10,9 @@ from dataclasses import dataclass
 from rlframe.config.schedule import optimizer_steps
 from rlframe.config.schema import RunConfig
 from rlframe.config.resources import has_reference_group, role_world_sizes
-from rlframe.controller import RayWorkerGroup, ResourcePool, RoleSpec
-from rlframe.controller.dispatch import METRICS_KEY
-from rlframe.controller.trainers.prelaunch import hybrid_pool, role_pool, take_hosts, worker_env
+from rlframe.single_controller import RayWorkerGroup, ResourcePool, RoleSpec
+from rlframe.single_controller.dispatch import METRICS_KEY
+from rlframe.controller.lifecycle.prelaunch import hybrid_pool, role_pool, take_hosts, worker_env
 from rlframe.protocol import DataProto
 from rlframe.utils import trace
 from rlframe.workers.actor import ActorWorker

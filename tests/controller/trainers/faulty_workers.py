@@ -4,7 +4,7 @@ import os
 import signal
 from pathlib import Path
 
-from rlframe.controller import Dispatch, register
+from rlframe.single_controller import Dispatch, register
 from rlframe.workers.actor import ActorWorker
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from rlframe.controller.trainers.checkpoint import STATE_FILE
+from rlframe.controller.lifecycle.checkpoint import STATE_FILE
 from rlframe.utils.metrics_endpoint import port_problem
 from tests.controller.trainers.test_end_to_end import run
 

@@ -14,7 +14,7 @@ import torch
 from safetensors.torch import load_file
 
 from rlframe.config import load_config, validate
-from rlframe.controller.trainers import run_training
+from rlframe.controller.run import run_training
 from rlframe.controller.trainers.prepare import model_path
 
 # The demo model with its default pre-training (built once, cached in ~/.cache/rlframe and shared by

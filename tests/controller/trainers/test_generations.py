@@ -14,8 +14,8 @@ from rlframe.config import load_config
 from rlframe.controller.trainers import phases
 from rlframe.controller.trainers.generations import GenerationDump, first_groups, sample_rows
 from rlframe.controller.trainers.prepare import model_path
-from rlframe.controller.trainers.step_files import read_jsonl
-from rlframe.controller.trainers.tracking import SINK_ROWS, Tracker
+from rlframe.controller.lifecycle.step_files import read_jsonl
+from rlframe.controller.lifecycle.tracking import SINK_ROWS, Tracker
 from rlframe.protocol import DataProto
 from rlframe.rewards.manager import RewardManager
 from rlframe.rewards.registry import RewardFnSpec

@@ -12,7 +12,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from rlframe.controller.dry_run import model_dims
+from rlframe.plan.dry_run import model_dims
 from rlframe.controller.trainers.prepare import model_path
 from rlframe.resharding.formats import hf_param_shapes
 from rlframe.resharding.layout import Layout

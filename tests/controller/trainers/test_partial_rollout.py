@@ -12,7 +12,7 @@ import pytest
 
 from rlframe.config import load_config, validate
 from rlframe.config.validate import ConfigError
-from rlframe.controller.trainers.checkpoint import STATE_FILE
+from rlframe.controller.lifecycle.checkpoint import STATE_FILE
 from tests.controller.trainers.test_end_to_end import COMMON, run
 
 BUDGET, RESPONSE = 3, 6

@@ -10,14 +10,14 @@ from rlframe.rewards.manager import RewardErrorsExceeded
 
 
 def test_main_exits_1_with_the_message(monkeypatch, capsys):
-    import rlframe.controller.trainers as trainers
+    import rlframe.controller.run as run
 
     def failing(cfg, *, config_name=""):
         raise RewardErrorsExceeded(failed=3, total=4, max_error_fraction=0.5,
                                    first_traceback="Traceback (most recent call last):\nValueError: nope\n")
 
-    monkeypatch.setattr(trainers, "run_training", failing)
-    monkeypatch.setattr("rlframe.controller.startup.check_cpu_precision", lambda cfg: None)
+    monkeypatch.setattr(run, "run_training", failing)
+    monkeypatch.setattr("rlframe.controller.cpu_precision.check_cpu_precision", lambda cfg: None)
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     assert main([]) == 1
     err = capsys.readouterr().err

@@ -9,7 +9,7 @@ import torch
 from transformers import AutoTokenizer
 
 from rlframe.config.schema import AlgorithmConfig, RolloutSection, TrainRoleConfig
-from rlframe.controller import RayWorkerGroup, ResourcePool
+from rlframe.single_controller import RayWorkerGroup, ResourcePool
 from rlframe.controller.trainers.roles import RunRoles, open_weight_channel
 from rlframe.data.tiny_model import build_random_model
 from rlframe.workers.actor import ActorWorker
