@@ -41,7 +41,7 @@ EXTRAS = {
     # when importable, else sdpa) builds against the installed torch, so it is not pinned here:
     # `pip install flash-attn --no-build-isolation` after this extra.
     "gpu": ["vllm==0.32.0", "megatron-core==0.16.1"],
-    # Optional metric sinks for trainer.loggers (rlframe/controller/trainers/tracking.py); a config naming
+    # Optional metric sinks for trainer.loggers (rlframe/controller/lifecycle/tracking.py); a config naming
     # one whose package is missing is refused before Ray starts, saying to install the extra.
     "wandb": ["wandb"],
     "mlflow": ["mlflow"],
