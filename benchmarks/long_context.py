@@ -94,7 +94,7 @@ def _estimate(preset: str, length: int, sp: int) -> float:
         "num_hidden_layers": s.num_layers, "hidden_size": s.hidden_size, "num_attention_heads": s.num_heads,
         "num_key_value_heads": s.num_kv_heads, "intermediate_size": s.intermediate_size,
         "vocab_size": len(build_char_tokenizer()), "model_type": "qwen2"}))
-    return micro_batch_bytes(dims, engine="fsdp", itemsize=4, tp=1, sequence_parallel=False, tokens=length,
+    return micro_batch_bytes(dims, modules="transformers", itemsize=4, tp=1, sequence_parallel=False, tokens=length,
                              seq_len=length, layers=dims.num_layers, last_stage=True, head="lm",
                              checkpointing=False, ulysses=sp)
 

@@ -33,14 +33,14 @@ from pathlib import Path
 
 import torch
 
+from rlframe.plugins import engine_spec
 from rlframe.utils import manifest
+from rlframe.workers.engines.export_error import ExportError
 
 LAYOUT_FILE = "layout.json"
 RUN_STATE_FILE = "trainer_state.json"
 
 
-class ExportError(ValueError):
-    """A checkpoint or an output directory that cannot be exported to (the message says why and what to do)."""
 
 
 @dataclass(frozen=True)
@@ -108,70 +108,6 @@ def open_checkpoint(checkpoint_dir: str | os.PathLike, *, role: str = "actor",
 
 
 # ---------------------------------------------------------------- reading the weights
-def read_fsdp_model(engine_dir: Path) -> dict[str, torch.Tensor]:
-    """The model part of an fsdp engine's DCP checkpoint as whole, HF-named tensors (any dp/tp: DCP
-    records every shard's global offsets), read in this process without a process group."""
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
-
-    from rlframe.workers.engines.dcp_reader import SafeFileSystemReader, SafeLoadPlanner
-
-    reader = SafeFileSystemReader(str(engine_dir / "model_optim"))
-    metadata = reader.read_metadata()
-    model = {}
-    for key, meta in metadata.state_dict_metadata.items():
-        if key.startswith("model.") and isinstance(meta, TensorStorageMetadata):
-            model[key[len("model."):]] = torch.empty(meta.size, dtype=meta.properties.dtype)
-    if not model:
-        raise ExportError(f"{engine_dir / 'model_optim'} holds no model tensors")
-    state = {"model": model}
-    with warnings.catch_warnings():  # "assuming the intent is to load in a single process": it is
-        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-        dcp.load(state, storage_reader=reader, planner=SafeLoadPlanner(), no_dist=True)
-    return state["model"]
-
-
-def read_megatron_model(engine_dir: Path, layout: dict, hf_config) -> dict[str, torch.Tensor]:
-    """Whole HF-named tensors from a megatron engine's per-(tp, pp) `model.pt` files: each file is
-    unpacked to HF names (fused qkv and fc1 split) and copied into its box of the global tensor."""
-    from rlframe.resharding.formats import ModelDims, megatron_to_hf
-    from rlframe.resharding.layout import Layout
-    from rlframe.workers.engines.dcp_reader import load_weights_only
-    from rlframe.workers.engines.megatron.weights import hf_shapes
-
-    tp, pp, head = int(layout["tp"]), int(layout.get("pp", 1)), layout.get("head", "lm")
-    dims = ModelDims.from_hf_config(hf_config)
-    grid = Layout(tp=tp, pp=pp, dp=1)
-    shapes = hf_shapes(dims, head=head)
-    full: dict[str, torch.Tensor] = {}
-    filled: dict[str, int] = {}
-    for pp_rank in range(pp):
-        for tp_rank in range(tp):
-            file = engine_dir / f"mp_{tp_rank:02d}_{pp_rank:03d}" / "model.pt"
-            if not file.is_file():
-                raise ExportError(f"{file} is missing: a megatron checkpoint of tp={tp} pp={pp} has one model.pt "
-                                  "per (tp, pp)")
-            meg = {k: v for k, v in load_weights_only(str(file), what=str(file), map_location="cpu").items()
-                   if not k.endswith("_extra_state")}
-            hf = megatron_to_hf(meg, dims=dims, tp=tp, pp=pp, pp_rank=pp_rank, head=head)
-            rank = grid.rank_of(pp=pp_rank, tp=tp_rank)
-            for name, t in hf.items():
-                if name not in shapes:
-                    raise ExportError(f"{file}: {name} is not a parameter of the model at model_path")
-                box = grid.box(name, shapes[name], rank, num_layers=dims.num_layers)
-                if box is None or tuple(t.shape) != tuple(box.sizes):
-                    raise ExportError(f"{file}: {name} has shape {tuple(t.shape)}, the layout tp={tp} pp={pp} "
-                                      f"of the model at model_path expects {None if box is None else box.sizes}")
-                if name not in full:
-                    full[name] = torch.empty(shapes[name], dtype=t.dtype)
-                full[name][box.slices()] = t
-                filled[name] = filled.get(name, 0) + t.numel()
-    missing = sorted(n for n, s in shapes.items() if filled.get(n, 0) < torch.Size(s).numel())
-    if missing:
-        raise ExportError(f"{engine_dir}: the shards do not cover {missing[:5]} (of {len(missing)}) whole")
-    return {n: full[n] for n in shapes}
-
-
 def read_base_model(model_path: str) -> dict[str, torch.Tensor]:
     from rlframe.workers.engines.hf_weights import read_whole
 
@@ -219,12 +155,13 @@ def export_checkpoint(checkpoint_dir: str | os.PathLike, out_dir: str | os.PathL
         raise ExportError(f"--merge-lora: {ck.path} is not a LoRA checkpoint (layout.json has no lora settings)")
     hf_config = AutoConfig.from_pretrained(ck.model_path)
 
-    if ck.backend == "megatron":
-        weights = read_megatron_model(ck.path, ck.layout, hf_config)
-    elif ck.backend == "fsdp":
-        weights = read_fsdp_model(ck.path)
-    else:
-        raise ExportError(f"{ck.path}: unknown backend {ck.backend!r} in layout.json")
+    try:
+        spec = engine_spec(ck.backend)
+    except ValueError as err:
+        raise ExportError(f"{ck.path}: layout.json names the engine {ck.backend!r}: {err}") from None
+    if spec.read_checkpoint is None:
+        raise ExportError(f"{ck.path}: the {ck.backend} engine has no checkpoint reader (its spec's read_checkpoint)")
+    weights = spec.read_checkpoint(ck.path, ck.layout, hf_config)
 
     tmp = out.parent / (out.name + ".tmp")
     if tmp.exists():

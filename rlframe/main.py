@@ -83,8 +83,10 @@ def preflight_main(argv: list[str]) -> int:
     except (ConfigError, ValueError) as err:
         print(f"rlframe: {err}", file=sys.stderr)
         return 2
-    if cfg.algorithm.name == "sft":
-        print("rlframe: preflight checks RL runs; sft has no rollout to check", file=sys.stderr)
+    from rlframe.config.algorithms import algorithm_spec
+
+    if not algorithm_spec(cfg.algorithm).generates:
+        print(f"rlframe: preflight checks RL runs; {cfg.algorithm.name} has no rollout to check", file=sys.stderr)
         return 2
     from rlframe.controller.preflight.run import run_preflight
 

@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import (FIGURES, SEEDS, at_step, machine_state, per_role, plot_curves, run_job, series, spread,  # noqa: E402
                     write_claim)
 
-from rlframe.config.schema import ALGORITHMS  # noqa: E402
+from rlframe.config.algorithms import ALGORITHMS  # noqa: E402
 
 SECTION = "## The baseline table: every algorithm on two tasks"
 TASKS = {"addition": ["trainer.val_every=10"],

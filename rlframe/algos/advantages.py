@@ -38,7 +38,7 @@ def _require(value, *, name: str, estimator: str, hint: str):
     return value
 
 
-@register_advantage_estimator("gae")
+@register_advantage_estimator("gae", needs_critic=True)
 @torch.no_grad()
 def gae(*, token_level_rewards, response_mask, index=None, values=None, baseline_rewards=None,
         gamma=1.0, lam=1.0, epsilon=1e-6):
@@ -87,7 +87,7 @@ def reinforce_plus_plus(*, token_level_rewards, response_mask, index=None, value
     return masked_whiten(returns, response_mask, epsilon=epsilon), returns
 
 
-@register_advantage_estimator("remax")
+@register_advantage_estimator("remax", extra_rollout="greedy")
 @torch.no_grad()
 def remax(*, token_level_rewards, response_mask, index=None, values=None, baseline_rewards=None,
           gamma=1.0, lam=1.0, epsilon=1e-6):

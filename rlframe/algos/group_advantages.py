@@ -57,7 +57,7 @@ def _broadcast(seq_adv: torch.Tensor, response_mask: torch.Tensor) -> torch.Tens
     return adv, adv.clone()
 
 
-@register_advantage_estimator("grpo")
+@register_advantage_estimator("grpo", needs_groups=True, zero_mean_groups=True)
 @torch.no_grad()
 def grpo(*, token_level_rewards, response_mask, index=None, values=None, baseline_rewards=None,
          gamma=1.0, lam=1.0, epsilon=1e-6):
@@ -72,7 +72,7 @@ def grpo(*, token_level_rewards, response_mask, index=None, values=None, baselin
     return _broadcast(seq_adv, response_mask)
 
 
-@register_advantage_estimator("dr_grpo")
+@register_advantage_estimator("dr_grpo", needs_groups=True, zero_mean_groups=True)
 @torch.no_grad()
 def dr_grpo(*, token_level_rewards, response_mask, index=None, values=None, baseline_rewards=None,
             gamma=1.0, lam=1.0, epsilon=1e-6):
@@ -86,7 +86,7 @@ def dr_grpo(*, token_level_rewards, response_mask, index=None, values=None, base
     return _broadcast(_centered(scores, groups)[0], response_mask)
 
 
-@register_advantage_estimator("rloo")
+@register_advantage_estimator("rloo", needs_groups=True, zero_mean_groups=True)
 @torch.no_grad()
 def rloo(*, token_level_rewards, response_mask, index=None, values=None, baseline_rewards=None,
          gamma=1.0, lam=1.0, epsilon=1e-6):
@@ -107,7 +107,7 @@ def rloo(*, token_level_rewards, response_mask, index=None, values=None, baselin
     return _broadcast(seq_adv, response_mask)
 
 
-@register_advantage_estimator("reinforce_plus_plus_baseline")
+@register_advantage_estimator("reinforce_plus_plus_baseline", needs_groups=True)
 @torch.no_grad()
 def reinforce_plus_plus_baseline(*, token_level_rewards, response_mask, index=None, values=None,
                                  baseline_rewards=None, gamma=1.0, lam=1.0, epsilon=1e-6):
@@ -125,8 +125,8 @@ def reinforce_plus_plus_baseline(*, token_level_rewards, response_mask, index=No
     return adv, adv.clone()
 
 
-@register_advantage_estimator("lite_ppo")
-@register_advantage_estimator("group_mean_batch_std")
+@register_advantage_estimator("lite_ppo", needs_groups=True, zero_mean_groups=True)
+@register_advantage_estimator("group_mean_batch_std", needs_groups=True, zero_mean_groups=True)
 @torch.no_grad()
 def lite_ppo(*, token_level_rewards, response_mask, index=None, values=None, baseline_rewards=None,
              gamma=1.0, lam=1.0, epsilon=1e-6):
@@ -143,7 +143,7 @@ def lite_ppo(*, token_level_rewards, response_mask, index=None, values=None, bas
     return _broadcast(centered / (batch_std + epsilon), response_mask)
 
 
-@register_advantage_estimator("raft")
+@register_advantage_estimator("raft", needs_groups=True)
 @torch.no_grad()
 def raft(*, token_level_rewards, response_mask, index=None, values=None, baseline_rewards=None,
          gamma=1.0, lam=1.0, epsilon=1e-6):

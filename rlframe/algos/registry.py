@@ -12,7 +12,12 @@ The trainer looks algorithms up by the name in its config (`algorithm.adv_estima
         return advantages, returns
 
 Each kind has one `Registry`, and each registry fixes the keyword arguments its functions must
-accept, so a function that would fail on its first call fails at registration instead. The
+accept, so a function that would fail on its first call fails at registration instead. A kind may
+also take traits at registration (an advantage estimator says whether it needs a critic, groups of
+samples, or an extra rollout; `estimator_spec(name)` reads them back), so the rest of rlframe asks
+the traits and never compares names:
+
+    @register_advantage_estimator("my_gae", needs_critic=True) The
 built-in functions live in modules that register themselves on import; `get` imports them first,
 so `get_policy_loss("ppo")` works without importing anything else. A name may be registered once;
 stacking two decorators registers one function under two names (an alias).
@@ -22,6 +27,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
+from dataclasses import dataclass
 from typing import Callable
 
 
@@ -36,12 +42,14 @@ class Registry:
     """
 
     def __init__(self, kind: str, *, required_params: tuple[str, ...] = (), builtin_modules: tuple[str, ...] = (),
-                 decorator_name: str | None = None):
+                 decorator_name: str | None = None, traits: type | None = None):
         self.kind = kind
         self.decorator_name = decorator_name
         self.required_params = required_params
         self._builtin_modules = builtin_modules
         self._table: dict[str, Callable] = {}
+        self._traits_type = traits  # a dataclass of keyword-only traits, or None: the kind takes none
+        self._traits: dict[str, object] = {}
         self._loaded = False
 
     def _load_builtins(self) -> None:
@@ -72,10 +80,17 @@ class Registry:
                 f"missing ones to its signature (with defaults if unused), or accept **kwargs."
             )
 
-    def register(self, name: str) -> Callable[[Callable], Callable]:
-        """Decorator: register the decorated function under `name` and return it unchanged."""
+    def register(self, name: str, **traits) -> Callable[[Callable], Callable]:
+        """Decorator: register the decorated function under `name` (with its traits) and return it unchanged."""
         if not isinstance(name, str) or not name:
             raise ValueError(f"a {self.kind} name must be a non-empty string, got {name!r}")
+        if traits and self._traits_type is None:
+            raise ValueError(f"a {self.kind} takes no traits, got {sorted(traits)}")
+        try:
+            declared = self._traits_type(**traits) if self._traits_type is not None else None
+        except TypeError as err:
+            raise ValueError(f"{self.kind} {name!r}: {err}; its traits are the fields of "
+                             f"{self._traits_type.__name__}") from None
 
         def decorator(fn: Callable) -> Callable:
             self._load_builtins()
@@ -86,6 +101,7 @@ class Registry:
                 )
             self._check_signature(name, fn)
             self._table[name] = fn
+            self._traits[name] = declared
             return fn
 
         return decorator
@@ -102,6 +118,11 @@ class Registry:
                 f"with @{how}({name!r}) before it is looked up."
             ) from None
 
+    def traits(self, name: str):
+        """The traits `name` was registered with (ValueError for an unknown name, as `get`)."""
+        self.get(name)
+        return self._traits[name]
+
     def names(self) -> list[str]:
         """All registered names, sorted."""
         self._load_builtins()
@@ -116,6 +137,30 @@ def _describe(fn: Callable) -> str:
     return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', repr(fn))}"
 
 
+@dataclass(frozen=True)
+class EstimatorTraits:
+    """What an advantage estimator needs of the dataflow (keywords of `register_advantage_estimator`).
+
+    needs_critic: it reads `values` (a critic's, per token): the run has a critic role.
+    needs_groups: it compares the samples of one prompt (`index`): algorithm.n_samples >= 2.
+    zero_mean_groups: its advantages sum to zero within each group (preflight checks it).
+    extra_rollout: "greedy" when it needs a greedy sample per prompt (`baseline_rewards`, ReMax): the
+        trainer generates it, so generation is not one batch per step (no asynchronous or partial
+        rollouts); None otherwise.
+    """
+
+    needs_critic: bool = False
+    needs_groups: bool = False
+    zero_mean_groups: bool = False
+    extra_rollout: str | None = None
+
+    def __post_init__(self):
+        if self.extra_rollout not in (None, "greedy"):
+            raise ValueError(f"extra_rollout={self.extra_rollout!r}: the trainer generates None or 'greedy'")
+        if self.zero_mean_groups and not self.needs_groups:
+            raise ValueError("zero_mean_groups=True needs needs_groups=True (the groups it centres)")
+
+
 # The keyword arguments each kind is called with (see the modules named for the full contract).
 ADVANTAGE_ESTIMATORS = Registry(
     "advantage estimator",
@@ -125,6 +170,7 @@ ADVANTAGE_ESTIMATORS = Registry(
     ),
     builtin_modules=("rlframe.algos.advantages", "rlframe.algos.group_advantages"),
     decorator_name="register_advantage_estimator",
+    traits=EstimatorTraits,
 )
 POLICY_LOSSES = Registry(
     "policy loss",
@@ -151,6 +197,7 @@ LOSS_AGG_MODES = Registry(
 
 register_advantage_estimator = ADVANTAGE_ESTIMATORS.register
 get_advantage_estimator = ADVANTAGE_ESTIMATORS.get
+estimator_spec = ADVANTAGE_ESTIMATORS.traits
 register_policy_loss = POLICY_LOSSES.register
 get_policy_loss = POLICY_LOSSES.get
 register_kl_estimator = KL_ESTIMATORS.register

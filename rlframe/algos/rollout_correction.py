@@ -28,8 +28,17 @@ from __future__ import annotations
 import torch
 
 from rlframe.algos.masked import check_token_tensors
-from rlframe.config.ranges import CORRECTION_BANDS, correction_band
-from rlframe.config.ranges import OFF_POLICY_CORRECTIONS as METHODS
+
+# algorithm.off_policy_correction: the methods, and the [low, high] band of those that mask
+METHODS = ("none", "behaviour", "tis", "seq_tis", "icepop", "seq_mask_tis", "mis")
+CORRECTION_BANDS = {"icepop": (0.5, 5.0), "seq_mask_tis": (0.5, 2.0), "mis": (0.5, 2.0)}
+
+
+def correction_band(method: str, low: float | None, high: float | None) -> tuple[float, float]:
+    """The [low, high] a masking correction keeps: the given bounds, else the method's default."""
+    d_low, d_high = CORRECTION_BANDS[method]
+    return (d_low if low is None else low, d_high if high is None else high)
+
 
 MASKING = tuple(CORRECTION_BANDS)  # drop tokens or responses outside [low, high]
 # meta_info flag of the batch the actor's update gets with dropped tokens out of its response_mask:

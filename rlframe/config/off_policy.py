@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from rlframe.config.ranges import CORRECTION_BANDS, correction_band
+from rlframe.algos.rollout_correction import CORRECTION_BANDS, correction_band
 from rlframe.config.schema import RunConfig
 
 
@@ -40,10 +40,13 @@ def check_rollout_correction(cfg: RunConfig, out: list[str]) -> None:
                    f"{' and '.join(sampling)} the rollout's are of the truncated distribution: even tokens sampled "
                    "by the weights being trained have a ratio below 1 and would be dropped; sample from the full "
                    "distribution (top_p=1, top_k=-1) or use off_policy_correction=tis without rejection_kl")
-    if alg.name == "online_dpo" and (method != "none" or alg.rejection_kl is not None):
+    from rlframe.config.algorithms import algorithm_spec, known
+
+    pairs = known(alg) and algorithm_spec(alg).pairs  # a pair loss: no ratio to correct
+    if pairs and (method != "none" or alg.rejection_kl is not None):
         keys = [f"algorithm.off_policy_correction={method}"] if method != "none" else []
         keys += [f"algorithm.rejection_kl={alg.rejection_kl}"] if alg.rejection_kl is not None else []
-        out.append(f"{' and '.join(keys)} correct the PPO-family update of off-policy samples, but online_dpo's "
+        out.append(f"{' and '.join(keys)} correct the PPO-family update of off-policy samples, but {alg.name}'s "
                    "loss compares the chosen and rejected responses with the reference model and has no ratio to "
                    "the rollout's policy: the setting would be ignored; leave algorithm.off_policy_correction=none "
                    "and algorithm.rejection_kl=null (off-policy pairs need no correction)")

@@ -47,16 +47,6 @@ POSITIVE_INT = at_least(1)
 # torch, and a config error must be reported before that second is spent.
 LR_SCHEDULES = ("constant", "cosine")
 PRECISIONS = ("auto", "fp32", "bf16")
-WEIGHT_TRANSPORTS = ("auto", "gloo", "shm", "file", "nccl")  # rlframe/resharding/transport.py
-# rlframe/algos/rollout_correction.py: the methods, and the [low, high] band of those that mask
-OFF_POLICY_CORRECTIONS = ("none", "behaviour", "tis", "seq_tis", "icepop", "seq_mask_tis", "mis")
-CORRECTION_BANDS = {"icepop": (0.5, 5.0), "seq_mask_tis": (0.5, 2.0), "mis": (0.5, 2.0)}
-
-
-def correction_band(method: str, low: float | None, high: float | None) -> tuple[float, float]:
-    """The [low, high] a masking correction keeps: the given bounds, else the method's default."""
-    d_low, d_high = CORRECTION_BANDS[method]
-    return (d_low if low is None else low, d_high if high is None else high)
 
 _TRAIN_ROLE = {
     "dp": POSITIVE_INT, "tp": POSITIVE_INT, "pp": POSITIVE_INT, "sp": POSITIVE_INT, "cp": POSITIVE_INT,
@@ -150,16 +140,23 @@ RANGES: dict[str, Rule] = {
 }
 
 
+# trainer.loggers: the metric sinks rlframe/controller/lifecycle/tracking.py writes to
+SINKS = ("console", "jsonl", "tensorboard", "wandb", "mlflow")
+
+
 def _choices() -> dict[str, tuple]:
-    from rlframe.controller.lifecycle.tracking import SINKS
     from rlframe.data.synthetic import TASKS
     from rlframe.data.tool_task import DATA_SOURCE as TOOL_TASK
     from rlframe.data.tiny_model import PRESETS
 
+    from rlframe.algos.rollout_correction import METHODS as OFF_POLICY_CORRECTIONS
+    from rlframe.plugins import ROLLOUT_BACKENDS, TRAIN_ENGINES  # the registries (no torch)
+    from rlframe.resharding.transport import WEIGHT_TRANSPORTS
+
     roles = {f"{r}.{k}": v for r in ("actor", "critic") for k, v in
-             (("strategy", ("fsdp", "megatron")), ("lr_schedule", LR_SCHEDULES), ("precision", PRECISIONS))}
+             (("strategy", TRAIN_ENGINES.names()), ("lr_schedule", LR_SCHEDULES), ("precision", PRECISIONS))}
     return {"model.tiny_preset": tuple(sorted(PRESETS)), "data.task": (None, *TASKS, TOOL_TASK), **roles,
-            "rollout.backend": ("auto", "vllm", "hf"), "rollout.load_format": ("auto", "real"),
+            "rollout.backend": ("auto", *ROLLOUT_BACKENDS.names()), "rollout.load_format": ("auto", "real"),
             "rollout.weight_sync": ("full", "delta"),
             "rollout.weight_transport": WEIGHT_TRANSPORTS,
             "rollout.weight_fanout": ("direct", "chain"),

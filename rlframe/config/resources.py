@@ -37,9 +37,17 @@ def process_count(cfg: RunConfig) -> int:
     return sum(sizes[r] for r in roles)
 
 
+def needs_reference(cfg: RunConfig) -> bool:
+    """Whether the run computes a reference policy's log-probs: a KL term, or an algorithm whose spec
+    scores pairs against one (online DPO)."""
+    from rlframe.config.algorithms import algorithm_spec, known
+
+    return cfg.uses_ref or (known(cfg.algorithm) and algorithm_spec(cfg.algorithm).pairs)
+
+
 def has_reference_group(cfg: RunConfig) -> bool:
     """Whether the run builds a reference worker group (with LoRA the actor is its own reference)."""
-    return (cfg.uses_ref or cfg.algorithm.name == "online_dpo") and cfg.actor.lora_rank == 0
+    return needs_reference(cfg) and cfg.actor.lora_rank == 0
 
 
 def generation_group(cfg: RunConfig) -> str:
@@ -77,7 +85,7 @@ def pool_sizes(cfg: RunConfig) -> dict[str, int]:
         pools = {"actor": sizes["actor"], "rollout": sizes["rollout"]}
         if cfg.uses_critic:
             pools["critic"] = sizes["critic"]
-        if cfg.uses_ref or cfg.algorithm.name == "online_dpo":
+        if has_reference_group(cfg):
             pools["ref"] = sizes["ref"]
     if cfg.reward.model_paths:
         pools["reward_model"] = res.procs_per_node

@@ -30,8 +30,7 @@ def check_paths(cfg: RunConfig, out: list[str]) -> None:
              "or set model.critic_path=null to give the critic the actor's model with a value head")):
         if problem := _model_dir_problem(key, model_dir, fix, hf_config=cfg.model.hf_config is not None):
             out.append(problem)
-    out.extend(_megatron_model_problems(cfg))
-    out.extend(_ulysses_model_problems(cfg))
+    out.extend(_engine_model_problems(cfg))
     if cfg.reward.function_path is not None and not Path(cfg.reward.function_path).expanduser().is_file():
         out.append(f"reward.function_path={cfg.reward.function_path!r} does not exist; give the path of a "
                    ".py file that defines reward.function_name")
@@ -65,25 +64,25 @@ def check_paths(cfg: RunConfig, out: list[str]) -> None:
             out.append(problem)
 
 
-def _megatron_model_problems(cfg: RunConfig) -> list[str]:
-    """What the megatron engine would refuse in a role's model (architecture, tied embeddings, a layout
-    that does not divide its shapes), read from config.json here instead of in every worker."""
-    if "megatron" not in (cfg.actor.strategy, cfg.critic.strategy):
-        return []  # (and no torch import for the check)
+def _engine_model_problems(cfg: RunConfig) -> list[str]:
+    """What each role's engine would refuse in its model (architecture, tied embeddings, a layout that
+    does not divide its shapes: the spec's check_model), read from config.json here instead of in
+    every worker."""
     import json
 
+    from rlframe.plugins import engine_spec
     from rlframe.resharding.formats import ModelDims
-    from rlframe.workers.engines.megatron.model import check_hf_config
 
     out = []
     for name, role, model_dir, config_file in _role_model_configs(cfg):
-        if role.strategy != "megatron":
+        spec = engine_spec(role.strategy)
+        if spec.check_model is None:
             continue
         try:
-            raw = json.loads(config_file.read_text())
-            check_hf_config(ModelDims.config_namespace(raw), tp=role.tp, pp=role.pp, where=str(model_dir))
-        except (ValueError, KeyError, TypeError) as err:
-            out.append(f"{name}.strategy=megatron: {err}")
+            spec.check_model(ModelDims.config_namespace(json.loads(config_file.read_text())), role, where=model_dir)
+        except (ValueError, KeyError, TypeError, AttributeError) as err:
+            layout = ", ".join(f"{name}.{d}={getattr(role, d)}" for d in ("dp", "tp", "pp", "sp") if getattr(role, d) > 1)
+            out.append(f"{name} (strategy={role.strategy}{', ' + layout if layout else ''}): {err}")
     return out
 
 
@@ -94,27 +93,6 @@ def _role_model_configs(cfg: RunConfig):
         config_file = Path(model_dir).expanduser() / "config.json" if model_dir else None
         if config_file is not None and config_file.is_file():
             yield name, role, str(model_dir), config_file
-
-
-def _ulysses_model_problems(cfg: RunConfig) -> list[str]:
-    """A role split by Ulysses (fsdp, sp > 1) whose attention heads do not split over its tp x sp ranks."""
-    if cfg.actor.sp == 1 and cfg.critic.sp == 1:
-        return []
-    import json
-
-    from rlframe.resharding.formats import ModelDims
-    from rlframe.workers.engines.fsdp.parallelize import check_model_fits
-
-    out = []
-    for name, role, model_dir, config_file in _role_model_configs(cfg):
-        if role.strategy != "fsdp" or role.sp == 1:
-            continue
-        try:
-            raw = ModelDims.config_namespace(json.loads(config_file.read_text()))
-            check_model_fits(raw, tp=role.tp, sp=role.sp, model_type_path=model_dir)
-        except (ValueError, KeyError, TypeError, AttributeError) as err:
-            out.append(f"{name}.sp={role.sp}: {err}")
-    return out
 
 
 def _model_dir_problem(key: str, model_dir: str | None, fix: str, *, hf_config: bool) -> str | None:

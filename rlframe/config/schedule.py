@@ -13,9 +13,7 @@ import math
 
 
 def rows_per_step(cfg) -> int:
-    """Rows a role trains on per trainer step (online DPO: at most one (chosen, rejected) pair per prompt)."""
-    if cfg.algorithm.name == "online_dpo":
-        return 2 * cfg.data.train_batch_size
+    """Rows a role trains on per trainer step (a pair algorithm's: at most one pair per prompt, its 2 samples)."""
     return cfg.data.train_batch_size * max(1, cfg.algorithm.n_samples)
 
 

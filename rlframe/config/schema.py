@@ -10,11 +10,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-# Dataflows the trainer knows; `algorithm.name` picks one (and the defaults in configs/).
-ALGORITHMS = ("ppo", "grpo", "dr_grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline", "remax",
-              "dapo", "gspo", "lite_ppo", "raft", "online_dpo", "sft")
-
-
 @dataclass
 class ModelConfig:
     path: str | None = None  # a local HF directory; None builds the tiny model below
@@ -48,7 +43,7 @@ class DataConfig:
 
 @dataclass
 class AlgorithmConfig:
-    name: str = "ppo"
+    name: str = "ppo"  # a registered algorithm (rlframe/config/algorithms.py): its dataflow and defaults
     trainer: str | None = None  # "package.module:Class": a custom trainer (dataflow); None: by name
     adv_estimator: str = "gae"
     gamma: float = 1.0
@@ -347,7 +342,13 @@ class RunConfig:
 
     @property
     def uses_critic(self) -> bool:
-        return self.algorithm.adv_estimator == "gae" and self.algorithm.name not in ("online_dpo", "sft")
+        """The run has a critic: its algorithm takes advantages from an estimator whose traits ask for
+        values (rlframe.algos.register_advantage_estimator(..., needs_critic=True)). An unknown
+        algorithm or estimator has none (validation names them)."""
+        from rlframe.config.algorithms import estimator_traits
+
+        traits = estimator_traits(self.algorithm)
+        return traits is not None and traits.needs_critic
 
     @property
     def max_model_len(self) -> int:

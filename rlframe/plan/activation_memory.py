@@ -6,7 +6,9 @@ own model code (tests/plan/test_activation_memory.py measures them with
 Notation: H hidden, q = heads * head_dim, kv = kv_heads * head_dim, I intermediate, V vocabulary,
 s the micro-batch's sequence length, b the compute dtype's bytes (2 for bf16), tp tensor parallel.
 
-fsdp (transformers' Llama/Qwen2 layers, flash-attention or sdpa: no s x s tensor is kept; the
+Which formulas apply is the engine spec's `activations` (rlframe.plugins.EngineSpec), passed as `modules`:
+
+"transformers" (the fsdp engine: transformers' Llama/Qwen2 layers, flash-attention or sdpa: no s x s tensor is kept; the
 norms and residual stream are replicated over tp, no sequence parallelism):
 - each of the 2 RMSNorms keeps its input upcast to fp32 (4H), the fp32 rsqrt (4), the normalised
   input cast back (bH); the linear after it keeps the weighted output (bH): 4H + 4 + 2bH;
@@ -14,7 +16,7 @@ norms and residual stream are replicated over tp, no sequence parallelism):
   head: (b(2q + 2kv) + 4 heads) / tp;
 - MLP: gate and up outputs, silu(gate), their product (down_proj's input): 4bI / tp.
 
-megatron (megatron-core's local spec, which rlframe builds: torch RMSNorm and the unfused
+"mcore" (the megatron engine: megatron-core's local spec, which rlframe builds: torch RMSNorm and the unfused
 `DotProductAttention`, which materialises the s x s scores because rlframe passes an explicit mask):
 - each norm: fp32 input (4H), rsqrt (4), fp32 normalised (4H), its output in b (bH), divided by
   tp under sequence parallelism (the column-parallel linear keeps the sequence shard);
@@ -51,10 +53,10 @@ from rlframe.resharding.formats import ModelDims
 FP32 = 4
 
 
-def norm_bytes(dims: ModelDims, *, engine: str, itemsize: int) -> int:
+def norm_bytes(dims: ModelDims, *, modules: str, itemsize: int) -> int:
     """Per token: one RMSNorm and the input the linear after it keeps."""
     H, b = dims.hidden_size, itemsize
-    if engine == "fsdp":
+    if modules == "transformers":
         return FP32 * H + FP32 + 2 * b * H
     return 2 * FP32 * H + FP32 + b * H
 
@@ -75,13 +77,13 @@ def ulysses_buffer_bytes(dims: ModelDims, *, itemsize: int, tp: int, ulysses: in
     return 2 * itemsize * (q + 2 * _kv_width(dims, tp=tp, ulysses=ulysses)) / tp
 
 
-def layer_bytes(dims: ModelDims, *, engine: str, itemsize: int, tp: int, sequence_parallel: bool,
+def layer_bytes(dims: ModelDims, *, modules: str, itemsize: int, tp: int, sequence_parallel: bool,
                 seq_len: int, ulysses: int = 1) -> float:
     """Per token: what one decoder layer keeps for its backward, on one tp rank."""
     b, heads = itemsize, dims.num_heads
     q, kv, inter = heads * dims.head_dim, _kv_width(dims, tp=tp, ulysses=ulysses), dims.intermediate_size
-    norms = 2 * norm_bytes(dims, engine=engine, itemsize=b)
-    if engine == "fsdp":
+    norms = 2 * norm_bytes(dims, modules=modules, itemsize=b)
+    if modules == "transformers":
         out = 2 if ulysses > 1 else 1  # Ulysses: attention's output before and after the all-to-all back
         return norms + (b * (q + out * q + 2 * kv) + FP32 * heads) / tp + 4 * b * inter / tp
     sp = tp if sequence_parallel and tp > 1 else 1
@@ -89,39 +91,39 @@ def layer_bytes(dims: ModelDims, *, engine: str, itemsize: int, tp: int, sequenc
     return norms / sp + 4 * b * dims.head_dim + (4 * b * q + softmax) / tp + 5 * b * inter / tp
 
 
-def layer_input_bytes(dims: ModelDims, *, engine: str, itemsize: int, tp: int, sequence_parallel: bool) -> float:
+def layer_input_bytes(dims: ModelDims, *, modules: str, itemsize: int, tp: int, sequence_parallel: bool) -> float:
     """Per token: what a checkpointed decoder layer keeps (its input)."""
-    sp = tp if engine == "megatron" and sequence_parallel and tp > 1 else 1
+    sp = tp if modules == "mcore" and sequence_parallel and tp > 1 else 1
     return itemsize * dims.hidden_size / sp
 
 
-def head_bytes(dims: ModelDims, *, engine: str, itemsize: int, tp: int, sequence_parallel: bool,
+def head_bytes(dims: ModelDims, *, modules: str, itemsize: int, tp: int, sequence_parallel: bool,
                head: str) -> tuple[float, float]:
     """Per token: (kept by the final norm and the LM head's log-softmax, added during its backward)."""
-    sp = tp if engine == "megatron" and sequence_parallel and tp > 1 else 1
-    norm = norm_bytes(dims, engine=engine, itemsize=itemsize) / sp
+    sp = tp if modules == "mcore" and sequence_parallel and tp > 1 else 1
+    norm = norm_bytes(dims, modules=modules, itemsize=itemsize) / sp
     if head == "value":
         return norm, 0.0
     vocab = dims.vocab_size / tp
     return norm + FP32 * vocab, (2 * FP32 + itemsize) * vocab
 
 
-def mask_bytes(*, engine: str, seq_len: int) -> int:
+def mask_bytes(*, modules: str, seq_len: int) -> int:
     """Per token: megatron's (s, s) boolean attention mask, shared by the layers of a micro-batch."""
-    return seq_len if engine == "megatron" else 0
+    return seq_len if modules == "mcore" else 0
 
 
-def micro_batch_bytes(dims: ModelDims, *, engine: str, itemsize: int, tp: int, sequence_parallel: bool,
+def micro_batch_bytes(dims: ModelDims, *, modules: str, itemsize: int, tp: int, sequence_parallel: bool,
                       tokens: int, seq_len: int, layers: int, last_stage: bool, head: str,
                       checkpointing: bool, in_flight: int = 1, ulysses: int = 1) -> float:
     """Peak activation bytes of a training step on one device: `in_flight` micro-batches of `tokens`
     tokens (sequences of at most `seq_len`) through `layers` decoder layers (this pipeline stage's),
     plus the head's on the last stage (one micro-batch there: 1F1B runs its backward at once).
     ulysses: the fsdp engine's sp; this device computes tokens / sp of each micro-batch."""
-    kw = dict(engine=engine, itemsize=itemsize, tp=tp, sequence_parallel=sequence_parallel)
+    kw = dict(modules=modules, itemsize=itemsize, tp=tp, sequence_parallel=sequence_parallel)
     tokens = -(-tokens // ulysses)
     layer = layer_bytes(dims, seq_len=seq_len, ulysses=ulysses, **kw)
-    per_mb = mask_bytes(engine=engine, seq_len=seq_len)
+    per_mb = mask_bytes(modules=modules, seq_len=seq_len)
     buffers = ulysses_buffer_bytes(dims, itemsize=itemsize, tp=tp, ulysses=ulysses)
     if checkpointing:  # every layer's input, and one layer recomputed at a time
         per_mb += layers * layer_input_bytes(dims, **kw)

@@ -129,10 +129,10 @@ def planned_config(name: str, overrides: list[str], config_path: str | None = No
     planner's choice first (rlframe/plan), so the layout written in the config need not fit.
     `log` takes the planner's line (default: printed)."""
     from rlframe.config import load_config, validate
-    from rlframe.config.algorithms import OWN_DATAFLOW
+    from rlframe.config.algorithms import algorithm_spec, known
 
     cfg = load_config(name, overrides, extra_dir=config_path)
-    planned = cfg.algorithm.name not in OWN_DATAFLOW and cfg.algorithm.trainer is None  # else validate says why
+    planned = known(cfg.algorithm) and not algorithm_spec(cfg.algorithm).dataflow  # else validate says why
     if cfg.trainer.auto_plan and planned:
         cfg = auto_plan(cfg, log=log or _say)
     return validate(cfg)

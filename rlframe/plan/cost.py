@@ -28,7 +28,8 @@ from dataclasses import asdict, dataclass, field
 from math import prod
 from pathlib import Path
 
-from rlframe.config.algorithms import OWN_DATAFLOW
+from rlframe.plugins import engine_spec
+from rlframe.config.algorithms import algorithm_spec, estimator_traits
 from rlframe.config.resources import generation_group, has_reference_group, role_world_sizes
 from rlframe.config.schema import RunConfig, TrainRoleConfig
 from rlframe.resharding.formats import ModelDims, hf_param_shapes
@@ -115,8 +116,9 @@ class CostModel:
         self.samples = d.train_batch_size * cfg.algorithm.n_samples
         self.response = d.response_length * c.response_fill
         self.seq = d.prompt_length + self.response
-        if cfg.algorithm.name in OWN_DATAFLOW or cfg.algorithm.trainer is not None:
-            what = OWN_DATAFLOW.get(cfg.algorithm.name, f"algorithm.trainer={cfg.algorithm.trainer}")
+        dataflow = algorithm_spec(cfg.algorithm).dataflow
+        if dataflow:
+            what = f"algorithm.trainer={cfg.algorithm.trainer}" if cfg.algorithm.trainer is not None else dataflow
             raise ValueError(f"rlframe plan models the PPO-family step; {cfg.algorithm.name}'s trainer ({what}) "
                              "is not modelled")
         self.b = 2 if cfg.actor.precision == "bf16" or (cfg.actor.precision == "auto" and cfg.resources.use_gpu) else 4
@@ -155,7 +157,7 @@ class CostModel:
         comm = micro * self._tp_collectives(role, role.micro_batch_size, 4 if train else 2)
         shard = all_params(self.dims, head=head) / (tp * pp)
         steps = max(1, self.samples // role.mini_batch_size) * epochs if train else 1
-        if dp > 1 and role.strategy == "fsdp":
+        if dp > 1 and engine_spec(role.strategy).weights_sharded_over_dp:
             if self.gather_once:  # CPUs: each layer gathered once per step (call), gradients reduced per optimizer step
                 comm += self.ring(shard * self.b, dp, "all_gather", stride=tp)
                 comm += steps * self.ring(shard * 4, dp, "reduce_scatter", stride=tp) if train else 0.0
@@ -163,7 +165,7 @@ class CostModel:
                 gathers = 2 if train else 1
                 comm += micro * (gathers * self.ring(shard * self.b, dp, "all_gather", stride=tp)
                                  + (self.ring(shard * 4, dp, "reduce_scatter", stride=tp) if train else 0.0))
-        elif dp > 1 and train:  # megatron: the gradient buffer's all-reduce once per optimizer step
+        elif dp > 1 and train:  # replicated weights: the gradient buffer's all-reduce once per optimizer step
             comm += steps * self.ring(shard * 4, dp, stride=tp)
         return c.call_s + micro * c.micro_s + compute + comm
 
@@ -287,7 +289,8 @@ class CostModel:
 
         gen_procs = procs(generation_group(cfg)) if split else world
         work = self.generate()
-        if cfg.algorithm.adv_estimator == "remax":  # and each prompt's greedy answer, its baseline
+        traits = estimator_traits(cfg.algorithm)
+        if traits is not None and traits.extra_rollout == "greedy":  # and each prompt's greedy answer, its baseline
             work += self.generate(cfg.data.train_batch_size)
         gen = alone(work, gen_procs)
         fwd_t, fwd, fwd_n = stage(forward)

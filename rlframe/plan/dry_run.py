@@ -11,6 +11,7 @@ import json
 from math import prod
 from pathlib import Path
 
+from rlframe.plugins import engine_spec
 from rlframe.config.schema import RunConfig
 from rlframe.config.resources import process_count, role_world_sizes
 from rlframe.plan.memory_estimate import GiB, Estimate, train_layout, training_roles
@@ -82,8 +83,9 @@ def memory_lines(cfg: RunConfig, dims: ModelDims, shapes: dict) -> list[str]:
     lines += [row(name, [dict(d.rows()).get(name) for d in devices]) for name in names]
     lines.append(row("training phase (+ largest role's step)", [d.training_gib for d in devices]))
     lines.append(row("generation phase (+ vLLM)", [d.generation_gib for d in devices]))
-    if any(r.cfg.pp > 1 and r.cfg.strategy == "megatron" for r in training_roles(cfg)):
-        lines.append("  (1F1B: pipeline stage k keeps the activations of pp - k micro-batches in flight)")
+    schedules = sorted({engine_spec(r.cfg.strategy).pipeline_schedule for r in training_roles(cfg) if r.cfg.pp > 1})
+    for schedule in filter(None, schedules):
+        lines.append(f"  ({schedule}: pipeline stage k keeps the activations of pp - k micro-batches in flight)")
     fits, worst, no_kv = est.verdict(devices)
     if no_kv:
         lines.append(f"  vLLM gets no KV cache: rollout.gpu_memory_utilization * {est.device_gib:.2f} GiB does not "

@@ -31,6 +31,7 @@ import math
 from dataclasses import dataclass, field
 from math import prod
 
+from rlframe.plugins import backend_spec, engine_spec
 from rlframe.config.resources import has_reference_group
 from rlframe.config.schema import RunConfig, TrainRoleConfig
 from rlframe.plan.activation_memory import micro_batch_bytes
@@ -122,7 +123,7 @@ class Device:
 def train_layout(c: TrainRoleConfig) -> Layout:
     """A role's training layout as the resharding planner sees it (Ulysses' sp ranks hold the weights
     as dp ranks do: FSDP shards them over dp x sp)."""
-    return Layout(tp=c.tp, dp=c.dp * c.sp, pp=c.pp, fsdp=c.strategy == "fsdp")
+    return Layout(tp=c.tp, dp=c.dp * c.sp, pp=c.pp, fsdp=engine_spec(c.strategy).weights_sharded_over_dp)
 
 
 @dataclass(frozen=True)
@@ -163,18 +164,23 @@ class Estimate:
                            self.dims.num_layers)
 
     def state_gib(self, role: Role, stage: int) -> tuple[str, float]:
+        """Weights, gradients and optimizer state as the role's engine holds them (its spec's memory
+        model); `n` is what this device holds of the parameters (a shard where they are sharded over dp)."""
         c, n, b = role.cfg, self._params(role, stage), self.b
+        spec = engine_spec(c.strategy)
+        shard = f" ({c.strategy} shard)" if spec.weights_sharded_over_dp else ""
         if not role.trained:
-            per = 4 if c.strategy == "fsdp" else b  # fsdp keeps its fp32 shards
+            per = 4 if spec.fp32_params else b  # fp32 parameters stay fp32 in a frozen copy too
             return f"{role.name} weights", n * per / GiB
-        if c.strategy == "fsdp" and c.lora_rank > 0:  # a frozen fp32 base; grads and Adam for the adapters
+        if spec.fp32_params and c.lora_rank > 0:  # a frozen fp32 base; grads and Adam for the adapters
             adapters = n * lora_fraction(role_shapes(self.shapes, role.head), c)
-            return f"{role.name} fp32 base, LoRA adapters with grads and Adam (fsdp shard)", (n * 4 + adapters * 16) / GiB
-        if c.strategy == "fsdp":
-            return f"{role.name} fp32 weights, grads, Adam (fsdp shard)", n * 16 / GiB
-        main = 4 if b < 4 else 0
-        return (f"{role.name} weights, fp32 grads, dp-sharded optimizer",
-                (n * (b + 4) + n * (main + 8) / c.dp) / GiB)
+            return f"{role.name} fp32 base, LoRA adapters with grads and Adam{shard}", (n * 4 + adapters * 16) / GiB
+        if spec.fp32_params:  # fp32 weights and grads, Adam's two moments
+            return f"{role.name} fp32 weights, grads, Adam{shard}", n * 16 / GiB
+        main = 4 if b < 4 else 0  # fp32 main weights of compute-dtype parameters
+        optimizer = (main + 8) / (c.dp if spec.distributed_optimizer else 1)
+        what = "dp-sharded optimizer" if spec.distributed_optimizer else "optimizer"
+        return f"{role.name} weights, fp32 grads, {what}", n * (b + 4 + optimizer) / GiB
 
     def _tokens(self, c: TrainRoleConfig) -> tuple[int, int, int]:
         """(tokens per micro-batch, its longest sequence, micro-batches per rank and mini-batch)."""
@@ -189,19 +195,20 @@ class Estimate:
     def activations_gib(self, role: Role, stage: int) -> tuple[str, float]:
         c = role.cfg
         tokens, seq, n_micro = self._tokens(c)
-        in_flight = min(c.pp - stage, n_micro) if c.strategy == "megatron" else 1
+        in_flight = min(c.pp - stage, n_micro)  # a pipeline schedule's micro-batches in flight (1 without pp)
         layers = len(stage_layer_range(self.dims.num_layers, pp=c.pp, stage=stage))
         gib = micro_batch_bytes(
-            self.dims, engine=c.strategy, itemsize=self.b, tp=c.tp, sequence_parallel=c.sequence_parallel,
+            self.dims, modules=engine_spec(c.strategy).activations, itemsize=self.b, tp=c.tp, sequence_parallel=c.sequence_parallel,
             tokens=tokens, seq_len=seq, layers=layers, last_stage=stage == c.pp - 1, head=role.head,
             checkpointing=c.activation_checkpointing, in_flight=in_flight, ulysses=c.sp) / GiB
         what = "checkpointed" if c.activation_checkpointing else "no recompute"
-        flight = ", 1F1B" if c.pp > 1 else ""
+        flight = f", {engine_spec(c.strategy).pipeline_schedule}" if c.pp > 1 else ""
         split = f", 1/{c.sp} of them per Ulysses rank" if c.sp > 1 else ""
         return f"{role.name} activations ({tokens} tokens/micro-batch{split}, {what}{flight})", gib
 
-    def fsdp_gathered_gib(self, role: Role) -> tuple[str, float]:
-        """FSDP2's unsharded parameters and unreduced gradients during a training step."""
+    def gathered_gib(self, role: Role) -> tuple[str, float]:
+        """The unsharded parameters and unreduced gradients a step holds (an engine that gathers
+        layers: FSDP2's root, the layer being computed and the next one prefetched)."""
         tp, b = role.cfg.tp, self.b
         shapes = role_shapes(self.shapes, role.head)
         root = sum(prod(s) for n, s in shapes.items() if layer_index(n) is None)
@@ -209,14 +216,19 @@ class Estimate:
         head = prod(shapes["lm_head.weight"]) if "lm_head.weight" in shapes else 0  # tied: in root
         grads = layer * lora_fraction(shapes, role.cfg) if role.cfg.lora_rank > 0 else layer  # only adapters train
         n = (root + 2 * layer) * b + head * b + grads * (b + 4)
-        return f"{role.name} fsdp gathered params, unreduced grads", n / tp / GiB
+        return f"{role.name} gathered params, unreduced grads ({role.cfg.strategy})", n / tp / GiB
 
     # ---- vLLM ----------------------------------------------------------------------------------
     def vllm_rows(self) -> list[tuple[str, float]]:
+        """The rollout engine's rows: a paged-KV-cache backend's (vLLM's) weights, activation peak and
+        KV cache; another backend's weights (what its generate allocates is not estimated)."""
         from rlframe.workers.common import kv_cache_bytes
 
         ro, dims, b = self.cfg.rollout, self.dims, self.b
         weights = held_params(self.shapes, Layout(tp=ro.tp), 0, dims.num_layers) * b / GiB
+        spec = backend_spec(ro.backend)
+        if not spec.paged_kv_cache:
+            return [(f"rollout weights ({spec.name}; its generate's cache is not estimated)", weights)]
         if not self.gpu:
             return [("rollout weights", weights),
                     ("vLLM KV cache (rollout.kv_cache_bytes; on CPU at most)", kv_cache_bytes(ro, on_gpu=False) / GiB)]
@@ -237,7 +249,7 @@ class Estimate:
         dev.always.append(self.state_gib(role, stage))
         if role.trained:
             dev.training[role.name] = [self.activations_gib(role, stage)] + (
-                [self.fsdp_gathered_gib(role)] if role.cfg.strategy == "fsdp" else [])
+                [self.gathered_gib(role)] if engine_spec(role.cfg.strategy).gathers_layers else [])
 
     def verdict(self, devices: list[Device]) -> tuple[bool, Device, bool]:
         """(whether the devices hold the run, the fullest device, whether vLLM is left without a KV

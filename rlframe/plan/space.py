@@ -5,8 +5,9 @@ A plan is a handful of settings on top of the user's config: the placement (colo
 each group's processes), each trained role's engine and layout (strategy, dp, tp, pp) and micro-batch,
 the rollout's tensor parallelism (replicas = generating processes / rollout.tp) and, with split
 placement, how far generation may run ahead (trainer.max_staleness). The rules that build them are
-the validator's, applied constructively (tp divides the kv heads, pp the layers, fsdp has no pp,
-colocated megatron roles share tp and pp, micro-batches divide each rank's mini-batch rows); every
+the validator's, applied constructively (tp divides the kv heads, pp the layers, an engine's spec
+says which parallelisms and models it has, colocated roles of an engine with one model-parallel
+state per process share tp and pp, micro-batches divide each rank's mini-batch rows); every
 plan is then checked by the run's own `validate`, so a listed plan is a config that starts, and a
 plan the rules built but the validator refused is reported (`Space.refused`), never dropped quietly.
 The memory verdict is the dry run's (`memory_estimate.Estimate`), the one memory model.
@@ -23,9 +24,9 @@ from rlframe.config.build import build_config, to_dict
 from rlframe.config.resources import has_reference_group
 from rlframe.config.schema import RunConfig
 from rlframe.config.validate import ConfigError, validate
+from rlframe.plugins import TRAIN_ENGINES, backend_spec, engine_spec
 from rlframe.resharding.formats import ModelDims
 
-STRATEGIES = ("fsdp", "megatron")
 MICRO_CHOICES = 3  # per role on CPUs (no memory verdict): the largest micro-batches that divide a rank's rows
 
 
@@ -122,17 +123,15 @@ class Space:
     too_big: list[tuple[Plan, float]] = field(default_factory=list)
 
 
-MEGATRON_MODEL_TYPES = ("llama", "qwen2")  # engines/megatron/model.py SUPPORTED_MODEL_TYPES
-
-
 def engine_accepts(strategy: str, tp: int, pp: int, dims: ModelDims, model_type: str) -> bool:
-    """What the engines check when they build the model (megatron/model.check_hf_config,
-    fsdp/parallelize.check_model_fits; tests/plan compares the two): tp splits the heads, kv
-    heads, MLP and vocabulary evenly, pp the layers; megatron builds untied llama / qwen2 models;
-    tensor parallelism cannot split a tied embedding; fsdp has no pipeline."""
-    if strategy == "fsdp" and pp > 1:
+    """What the engines check when they build the model (their specs' check_model; tests/plan compares
+    the two): the engine has the parallelisms asked and builds this architecture (its spec's
+    model_types, tied embeddings); tp splits the heads, kv heads, MLP and vocabulary evenly, pp the
+    layers; tensor parallelism cannot split a tied embedding."""
+    spec = engine_spec(strategy)
+    if (tp > 1 and not spec.supports("tp")) or (pp > 1 and not spec.supports("pp")):
         return False
-    if strategy == "megatron" and (model_type not in MEGATRON_MODEL_TYPES or dims.tied_embeddings):
+    if not spec.builds(model_type, tied=dims.tied_embeddings):
         return False
     if tp > 1 and dims.tied_embeddings:
         return False
@@ -140,13 +139,13 @@ def engine_accepts(strategy: str, tp: int, pp: int, dims: ModelDims, model_type:
     return not any(n % tp for n in split) and not dims.num_layers % pp
 
 
-def layouts(n: int, dims: ModelDims, *, strategies=STRATEGIES, lora: bool = False,
+def layouts(n: int, dims: ModelDims, *, strategies=None, lora: bool = False,
             model_type: str = "qwen2") -> list[tuple[str, int, int, int]]:
-    """(strategy, dp, tp, pp) with dp * tp * pp = n that the engines build (`engine_accepts`);
-    LoRA on fsdp only."""
+    """(strategy, dp, tp, pp) with dp * tp * pp = n that the engines build (`engine_accepts`), over the
+    registered engines (or `strategies`); with LoRA only engines that have it."""
     out = []
-    for strategy in strategies:
-        if lora and strategy != "fsdp":
+    for strategy in strategies or TRAIN_ENGINES.names():
+        if lora and not engine_spec(strategy).lora:
             continue
         for tp in _divisors(n):
             for pp in _divisors(n // tp):
@@ -167,8 +166,8 @@ def _divisors(n: int) -> list[int]:
 
 
 def _role_settings(name: str, layout: tuple[str, int, int, int], micro: int) -> list[tuple[str, Any]]:
-    strategy, dp, tp, pp = layout  # megatron splits activations over tp (sequence parallelism) when it has tp
-    values = (strategy, dp, tp, pp, 1, strategy == "megatron" and tp > 1, micro, None)
+    strategy, dp, tp, pp = layout  # an engine with sequence parallelism splits activations over tp when it has tp
+    values = (strategy, dp, tp, pp, 1, engine_spec(strategy).sequence_parallel and tp > 1, micro, None)
     return [(f"{name}.{k}", v) for k, v in zip(ROLE_KEYS, values)]
 
 
@@ -179,7 +178,7 @@ def _role_choices(cfg: RunConfig, name: str, n: int, dims: ModelDims, strategies
     samples = cfg.data.train_batch_size * cfg.algorithm.n_samples
     choices = None if cfg.resources.use_gpu else MICRO_CHOICES
     out = []
-    if layout and role.lora_rank > 0 and layout[0] != "fsdp":
+    if layout and role.lora_rank > 0 and not engine_spec(layout[0]).lora:
         return []
     for lay in [layout] if layout else layouts(n, dims, strategies=strategies, lora=role.lora_rank > 0,
                                                model_type=model_type_of(cfg)):
@@ -202,24 +201,25 @@ def model_type_of(cfg: RunConfig) -> str:
 
 
 def _rollout_tps(cfg: RunConfig, n: int, dims: ModelDims) -> list[int]:
-    """vLLM's tensor parallelism: whole kv heads per rank; transformers generate (rollout.backend=hf,
-    or auto without vLLM) runs a whole model per process."""
-    from rlframe.workers.rollout import vllm_available
-
-    if cfg.rollout.backend == "hf" or (cfg.rollout.backend == "auto" and not vllm_available()):
+    """The rollout backend's tensor parallelism (its spec: vLLM's, with whole kv heads per rank); a
+    backend without it (transformers generate) runs a whole model per process."""
+    if not backend_spec(cfg.rollout.backend).tensor_parallel:
         return [1]
     return [tp for tp in _divisors(n) if dims.num_kv_heads % tp == 0]
 
 
 def async_allowed(cfg: RunConfig) -> bool:
     """Generation ahead of training (max_staleness > 0) is open to this run's algorithm (the
-    validator's rule: one generated batch per step, no ReMax greedy pass, no SFT)."""
-    alg = cfg.algorithm
-    return (alg.name != "sft" and alg.adv_estimator != "remax" and not alg.dynamic_sampling
+    validator's rule: one generated batch per step, no extra rollout such as ReMax's greedy pass, an
+    algorithm that generates)."""
+    from rlframe.config.algorithms import algorithm_spec, estimator_traits
+
+    alg, traits = cfg.algorithm, estimator_traits(cfg.algorithm)
+    return (algorithm_spec(alg).generates and not (traits and traits.extra_rollout) and not alg.dynamic_sampling
             and cfg.rollout.partial_budget == 0 and not cfg.agent.enabled)
 
 
-def candidates(cfg: RunConfig, dims: ModelDims, *, strategies=STRATEGIES, max_staleness: int | None = None) -> list[Plan]:
+def candidates(cfg: RunConfig, dims: ModelDims, *, strategies=None, max_staleness: int | None = None) -> list[Plan]:
     """Every plan the rules build for `cfg`'s cluster (nodes x procs_per_node processes). Generation
     runs ahead of training by at most `max_staleness` (default: the config's own
     trainer.max_staleness; 0 keeps the run on-policy, as asynchronous training changes what it learns)."""

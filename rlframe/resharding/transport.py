@@ -40,7 +40,8 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from rlframe.config.ranges import WEIGHT_TRANSPORTS
+# rollout.weight_transport: how split placement's weight channel moves bytes
+WEIGHT_TRANSPORTS = ("auto", "gloo", "shm", "file", "nccl")
 
 SHM_ROOT = "/dev/shm"
 MIN_RING = 1 << 20

@@ -15,7 +15,6 @@ serves base + adapter. The reference policy is this worker's own model with the 
 
 from __future__ import annotations
 
-from rlframe.algos.registry import resolve_loss_agg_mode
 from rlframe.algos.rollout_correction import CORRECTION_MASKED
 
 from rlframe.config.schema import AlgorithmConfig, RolloutSection, TrainRoleConfig
@@ -33,7 +32,8 @@ from rlframe.workers.losses import actor_loss_fn, check_on_policy, dpo_loss_fn, 
 from rlframe.workers.rollout import SamplingConfig, build_rollout_engine
 from rlframe.utils.timing import timed
 from rlframe.workers.trained_role import TrainedRole
-from rlframe.workers.weight_plan import split_generation_layout, vllm_plan
+from rlframe.plugins import backend_spec
+from rlframe.workers.weight_plan import split_generation_layout
 
 
 class ActorWorker(TrainedRole):
@@ -63,7 +63,7 @@ class ActorWorker(TrainedRole):
     def _make_reshard_plan(self, *, gen_tp: int):
         src = self.engine.resharding_layout()  # the engine asserts its shards match this layout
         dst, _ = generation_layout(src, tp=gen_tp)  # the same layout and scheme the dry run prints
-        return vllm_plan(self._synced_metas(), src=src, dst=dst, model_path=self.model_path)
+        return self.rollout.spec.weight_plan(self._synced_metas(), src=src, dst=dst, model_path=self.model_path)
 
     def _synced_metas(self) -> dict:
         """What a sync sends: the adapters with LoRA (as trained), else every parameter in the rollout's
@@ -149,16 +149,17 @@ class ActorWorker(TrainedRole):
         return self._synced_metas(), self.engine.resharding_layout()
 
     @register(dispatch=Dispatch.ONE_TO_ALL)
-    def join_weight_channel(self, *, addr: str, port: int, gen_tp: int, gen_world: int, bucket_bytes: int,
+    def join_weight_channel(self, *, addr: str, port: int, backend: str, gen_tp: int, gen_world: int, bucket_bytes: int,
                             timeout_s: float, delta_full_every: int | None = None, transport: str = "gloo",
                             directory: str | None = None, chain: bool = False) -> None:
         """Join the channel to the generation group (this group's ranks first) and plan the sync;
-        collective with the generation group's `join_weight_channel`."""
+        collective with the generation group's `join_weight_channel`. `backend`: the generation group's
+        rollout.backend, whose spec says which slices its ranks hold."""
         src = self.engine.resharding_layout()
         self._channel = P2PChannel(addr=addr, port=port, rank=self.rank, world_size=src.size + gen_world,
                                    timeout_s=timeout_s, transport=transport, directory=directory,
                                    ring_room=4 * bucket_bytes)
-        self._split_plan = vllm_plan(self._synced_metas(), src=src, model_path=self.model_path,
+        self._split_plan = backend_spec(backend).weight_plan(self._synced_metas(), src=src, model_path=self.model_path,
                                      dst=split_generation_layout(src, tp=gen_tp, world=gen_world, chain=chain))
         self.bucket_bytes = bucket_bytes
         self._delta = delta_state(delta_full_every, lora=self.lora)
@@ -221,27 +222,25 @@ class ActorWorker(TrainedRole):
     def update_actor(self, data: DataProto) -> DataProto:
         """PPO-style epochs over shuffled mini-batches; one optimizer step per mini-batch."""
         temperature = sampling_temperature(data)
-        if self.algo.name == "online_dpo":
-            return self._update_dpo(data, temperature=temperature)
         on_policy = bool(data.meta_info.get("on_policy", False))  # set by the trainer: see actor_loss_fn
         if on_policy:
             check_on_policy(ppo_epochs=self.cfg.ppo_epochs, mini_batch_rows=self.cfg.mini_batch_size // self.cfg.dp,
                             rows=len(data))
         loss_fn = actor_loss_fn(self.algo, loss_scale_factor=data.meta_info.get("loss_scale_factor"),
                                 on_policy=on_policy)
-        agg_mode = resolve_loss_agg_mode(policy_loss=self.algo.policy_loss, loss_agg_mode=self.algo.loss_agg_mode)
         return self.run_epochs(data, loss_fn, prefix="actor", loss_weighting=RL_LOSS_WEIGHTING,
                                temperature=temperature, with_entropy=True,
                                allow_empty=bool(data.meta_info.get(CORRECTION_MASKED)))
 
-    def _update_dpo(self, data: DataProto, *, temperature: float) -> DataProto:
-        """DPO keeps (chosen, rejected) rows adjacent: no shuffling, each mini-batch one micro-batch
-        (an even number of rows, so no pair is split)."""
+    @register(dispatch=Dispatch.DP_COMPUTE)
+    def update_actor_pairs(self, data: DataProto) -> DataProto:
+        """DPO's update on (chosen, rejected) rows kept adjacent: no shuffling, each mini-batch one
+        micro-batch (an even number of rows, so no pair is split). The pair trainer calls it."""
         def in_order(batch, per_rank):
             return [[mb] for mb in batch.split(max(2, per_rank - per_rank % 2))]
 
         return self.run_epochs(data, dpo_loss_fn(beta=self.algo.dpo_beta), prefix="actor", loss_weighting="samples",
-                               minibatches=in_order, temperature=temperature)
+                               minibatches=in_order, temperature=sampling_temperature(data))
 
     def after_update(self) -> None:
         self._weights_stale = True  # the rollout engine gets the new weights before its next generate

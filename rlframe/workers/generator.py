@@ -20,7 +20,7 @@ from rlframe.utils.timing import timed
 from rlframe.workers.common import delta_state, lora_sync_config, rollout_config
 from rlframe.workers.engines.base import precision_dtype
 from rlframe.workers.rollout import SamplingConfig, build_rollout_engine
-from rlframe.workers.weight_plan import relay_of, split_generation_layout, vllm_plan
+from rlframe.workers.weight_plan import relay_of, split_generation_layout
 
 
 class GeneratorWorker(Worker):
@@ -44,7 +44,7 @@ class GeneratorWorker(Worker):
                                    world_size=train_layout.size + self.world_size, timeout_s=timeout_s,
                                    transport=transport, directory=directory, ring_room=4 * bucket_bytes)
         dst = split_generation_layout(train_layout, tp=self.tp, world=self.world_size, chain=chain)
-        self._plan = vllm_plan(metas, src=train_layout, dst=dst, model_path=self.model_path)
+        self._plan = self.rollout.spec.weight_plan(metas, src=train_layout, dst=dst, model_path=self.model_path)
         self._relay = relay_of(train_layout, tp=self.tp, world=self.world_size,
                                channel_rank=self._channel.rank) if chain else None
         self.bucket_bytes = bucket_bytes

@@ -20,10 +20,10 @@ def test_bad_lora_settings_are_refused(overrides, text):
 
 
 def test_lora_targets_match_the_engine():
-    from rlframe.config.validate import LORA_TARGETS
+    from rlframe.plugins import engine_spec
     from rlframe.workers.engines.lora import SUPPORTED_TARGETS
 
-    assert sorted(LORA_TARGETS) == sorted(SUPPORTED_TARGETS)
+    assert sorted(engine_spec("fsdp").lora_targets) == sorted(SUPPORTED_TARGETS)
 
 
 def test_lora_settings_reach_the_engine_config():

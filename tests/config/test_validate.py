@@ -97,4 +97,5 @@ def test_colocated_megatron_roles_share_tp_and_pp():
 
 
 def test_sequence_parallel_is_megatron_only():
-    assert "actor.sequence_parallel=true: only strategy=megatron" in problems("actor.sequence_parallel=true")
+    assert ("actor.sequence_parallel=true: strategy=fsdp has no sequence parallelism inside tp (strategy=megatron "
+            "supports it)") in problems("actor.sequence_parallel=true")

@@ -64,7 +64,7 @@ def _hf_saved(family: str, layers: int, dtype, checkpointing: bool, device: str 
 def test_fsdp_formula_matches_saved_tensors(family, dtype, checkpointing):
     (one, dims), (three, _) = (_hf_saved(family, n, dtype, checkpointing) for n in (1, 3))
     b = dtype.itemsize
-    kw = dict(engine="fsdp", itemsize=b, tp=1, sequence_parallel=False)
+    kw = dict(modules="transformers", itemsize=b, tp=1, sequence_parallel=False)
     per_layer = layer_input_bytes(dims, **kw) if checkpointing else layer_bytes(dims, seq_len=TOKENS, **kw)
     assert (three - one) / 2 == pytest.approx(TOKENS * per_layer, rel=0.01)
     if not checkpointing:  # the head's backward extra is not saved: compare the saved part only
@@ -124,7 +124,7 @@ def test_megatron_formula_matches_saved_tensors():
         measured = _megatron_saved(dtypes)
     dims = ModelDims.from_hf_config(LlamaConfig(num_hidden_layers=3, **SHAPE))
     for dtype, (one, three) in zip(dtypes, measured):
-        kw = dict(engine="megatron", itemsize=dtype.itemsize, tp=1, sequence_parallel=False)
+        kw = dict(modules="mcore", itemsize=dtype.itemsize, tp=1, sequence_parallel=False)
         assert (three - one) / 2 == pytest.approx(TOKENS * layer_bytes(dims, seq_len=TOKENS, **kw), rel=0.01)
         extra = head_bytes(dims, head="lm", **kw)[1]
         total = micro_batch_bytes(dims, tokens=TOKENS, seq_len=TOKENS, layers=3, last_stage=True, head="lm",
@@ -136,7 +136,7 @@ def test_megatron_formula_matches_saved_tensors():
 def test_fsdp_layer_formula_holds_for_cuda_kernels():
     """On a GPU sdpa picks flash or memory-efficient attention: the same tensors are kept."""
     (one, dims), (three, _) = (_hf_saved("qwen2", n, torch.bfloat16, False, device="cuda") for n in (1, 3))
-    kw = dict(engine="fsdp", itemsize=2, tp=1, sequence_parallel=False)
+    kw = dict(modules="transformers", itemsize=2, tp=1, sequence_parallel=False)
     assert (three - one) / 2 == pytest.approx(TOKENS * layer_bytes(dims, seq_len=TOKENS, **kw), rel=0.02)
 
 
@@ -174,6 +174,6 @@ def test_ulysses_layer_formula_matches_saved_tensors():
     for kv_heads, (one, three) in saved.items():
         dims = ModelDims.from_hf_config(ModelDims.config_namespace({**SHAPE, "num_hidden_layers": 1,
                                                                      "num_key_value_heads": kv_heads}))
-        per_layer = layer_bytes(dims, engine="fsdp", itemsize=4, tp=1, sequence_parallel=False, seq_len=TOKENS,
+        per_layer = layer_bytes(dims, modules="transformers", itemsize=4, tp=1, sequence_parallel=False, seq_len=TOKENS,
                                 ulysses=2)
         assert (three - one) / 2 == pytest.approx(TOKENS // 2 * per_layer, rel=0.01), kv_heads

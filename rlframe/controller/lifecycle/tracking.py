@@ -16,12 +16,12 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
+from rlframe.config.ranges import SINKS
 from rlframe.utils.console import say
 from rlframe.controller.lifecycle.nonfinite import NonFiniteGuard
 from rlframe.controller.lifecycle.step_files import RotatingJsonl, read_jsonl, trim_jsonl
 from rlframe.utils import metrics_endpoint, trace
 
-SINKS = ("console", "jsonl", "tensorboard", "wandb", "mlflow")
 PLOT_EVERY_S = 30.0  # curves.png is redrawn at most this often during a run, and at its end
 PLOTTED = (("critic/score/mean", "reward (mean score)"), ("val/accuracy", "held-out accuracy"),
            ("response_length/mean", "response length"), ("actor/reference_kl", "KL(policy || reference)"))

@@ -19,8 +19,6 @@ LOGPROB_LIMITS = {"fp32": (2e-3, 5e-2), "bf16": (3e-2, 1.0)}
 # |mean k1| of actor vs reference at step 1, and first-mini-batch |ppo_kl| / clip fraction
 SAME_POLICY_LIMITS = {"fp32": 1e-4, "bf16": 1e-2}
 CLIPFRAC_LIMITS = {"fp32": 0.0, "bf16": 0.01}
-# estimators whose advantages have zero mean inside every group
-GROUP_ZERO_MEAN = ("grpo", "dr_grpo", "rloo", "lite_ppo", "group_mean_batch_std")
 
 
 class InvariantViolation(RuntimeError):
@@ -133,9 +131,12 @@ def _poisson_tail(k: int, mean: float) -> float:
 
 
 def group_zero_mean(batch, *, estimator: str) -> Check | None:
-    """Advantages of a group-normalised estimator have zero mean inside each group (per sample: the
-    mean advantage over its response tokens; groups with an empty response are skipped)."""
-    if estimator not in GROUP_ZERO_MEAN:
+    """Advantages of a group-normalised estimator (its traits' zero_mean_groups) have zero mean inside
+    each group (per sample: the mean advantage over its response tokens; groups with an empty response
+    are skipped)."""
+    from rlframe.algos.registry import estimator_spec
+
+    if not estimator_spec(estimator).zero_mean_groups:
         return None
     b = batch.batch
     mask = b["response_mask"].float()

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import torch
 
+from rlframe.config.algorithms import algorithm_spec
 from rlframe.controller.preflight import checks
 from rlframe.controller.preflight.checks import Check
 from rlframe.controller.trainers import phases
@@ -52,8 +53,8 @@ class PreflightObserver:
         if step == 1 and "ref_log_prob" in batch.batch.keys():
             self.add(step, checks.same_policy(train, batch.batch["ref_log_prob"], mask, precision=self.precision,
                                               name="actor vs reference at step 1 (k1 KL)", cause=REF_CAUSE))
-        dpo = cfg.algorithm.name == "online_dpo"  # its batch holds (chosen, rejected) pairs, some repeated
-        if not dpo and cfg.rollout.temperature > 0 and cfg.algorithm.n_samples > 1 and "uid" in batch.non_tensor_batch:
+        pairs = algorithm_spec(cfg.algorithm).pairs  # its batch holds (chosen, rejected) pairs, some repeated
+        if not pairs and cfg.rollout.temperature > 0 and cfg.algorithm.n_samples > 1 and "uid" in batch.non_tensor_batch:
             counts = checks.duplicate_counts(batch)
             self.add(step, checks.duplicate_samples(counts, temperature=cfg.rollout.temperature))
             self.duplicates = {k: self.duplicates.get(k, 0.0) + v for k, v in counts.items()}
@@ -80,7 +81,7 @@ class PreflightObserver:
     # ---- after the step ---------------------------------------------------------------------------
     def after_step(self, trainer, metrics: dict) -> None:
         cfg, step = self.cfg, trainer.step
-        ratio_applies = (not cfg.off_policy and cfg.algorithm.name != "online_dpo"
+        ratio_applies = (not cfg.off_policy and algorithm_spec(cfg.algorithm).ppo_ratio
                          and cfg.actor.lora_dropout == 0 and "actor/first_mb_ppo_kl" in metrics)
         if ratio_applies:  # with LoRA dropout the update's own forward drops: its ratio is not 1 by design
             self.add(step, checks.first_minibatch_ratio(metrics, precision=self.precision))

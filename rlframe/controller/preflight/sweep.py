@@ -13,6 +13,8 @@ import itertools
 import random
 from pathlib import Path
 
+from rlframe.plugins import engine_spec
+
 FACTORS: dict[str, tuple] = {
     "algorithm": ("grpo", "ppo"),
     "temperature": (1.0, 0.7),
@@ -44,8 +46,9 @@ BASE = ["model.tiny_preset=demo", "data.response_length=6", "data.val_size=16", 
 
 def valid(row: dict) -> bool:
     """What the config validation refuses, as predicates (a chosen row is validated for real too)."""
+    engine = engine_spec(row["strategy"])
     return not ((row["async"] and row["placement"] != "split")
-                or (row["strategy"] == "megatron" and (row["lora"] != "off" or row["layout"] == "sp2"))
+                or (row["lora"] != "off" and not engine.lora) or (row["layout"] == "sp2" and not engine.supports("sp"))
                 or (row["agent"] != "off" and row["partial"] == "on")
                 or (row["async"] and (row["partial"] == "on" or row["agent"] != "off"))
                 or (row["fanout"] == "chain" and (row["placement"] != "split" or row["replicas"] != 2))
@@ -99,21 +102,24 @@ def pairwise_rows(*, seed: int = 0, candidates: int = 60) -> list[dict]:
     return rows
 
 
+# the algorithm factor's levels: (config, samples per prompt, whether it trains a critic)
+ALGORITHM_LEVELS = {"grpo": ("grpo_tiny", 4, False), "ppo": ("ppo_tiny", 1, True)}
+
+
 def config_for(row: dict) -> tuple[str, list[str]]:
     """(config name, overrides) of a sweep row."""
-    grpo = row["algorithm"] == "grpo"
-    name = "grpo_tiny" if grpo else "ppo_tiny"
-    o = list(BASE) + [f"data.train_batch_size={ROWS // 4 if grpo else ROWS}", f"rollout.temperature={row['temperature']}"]
+    name, samples, critic = ALGORITHM_LEVELS[row["algorithm"]]
+    o = list(BASE) + [f"data.train_batch_size={ROWS // samples}", f"rollout.temperature={row['temperature']}"]
     epochs, mini = (1, ROWS) if row["minibatches"] == "1x1" else (2, ROWS // 2)
     dp, sp, tp = {"dp2": (2, 1, 1), "tp2": (1, 1, 2), "sp2": (1, 2, 1)}[row["layout"]]
-    roles = ["actor"] + ([] if grpo else ["critic"])
+    roles = ["actor"] + (["critic"] if critic else [])
     for role in roles:
         o += [f"{role}.ppo_epochs={epochs}", f"{role}.mini_batch_size={mini}", f"{role}.dp={dp}", f"{role}.tp={tp}",
               f"{role}.sp={sp}", f"{role}.strategy={row['strategy']}"]
     o.append(f"rollout.tp={2 // row['replicas']}")
     if row["placement"] == "split":
-        o += ["resources.placement=split", "+resources.split_procs={actor: 2, rollout: 2" + ("" if grpo else
-                                                                                        ", critic: 2") + "}"]
+        o += ["resources.placement=split", "+resources.split_procs={actor: 2, rollout: 2" + (", critic: 2" if critic
+                                                                                        else "") + "}"]
     if row["lora"] == "dropout":
         o += ["actor.lora_rank=8", "actor.lora_alpha=16", "actor.lora_dropout=0.1", "actor.lr=1e-3"]
     if row["partial"] == "on":

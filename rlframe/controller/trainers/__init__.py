@@ -10,18 +10,9 @@ from rlframe.config.schema import RunConfig
 
 
 def trainer_class(cfg: RunConfig):
-    if cfg.algorithm.trainer is not None:
-        from rlframe.config.validate import load_class
+    """The trainer class of the run's algorithm: its spec's (rlframe/config/algorithms.py), or
+    `algorithm.trainer`."""
+    from rlframe.config.algorithms import algorithm_spec
+    from rlframe.config.validate import load_class
 
-        return load_class(cfg.algorithm.trainer)
-    if cfg.algorithm.name == "sft":
-        from rlframe.controller.trainers.sft import SFTTrainer
-
-        return SFTTrainer
-    if cfg.algorithm.name == "online_dpo":
-        from rlframe.controller.trainers.dpo import OnlineDPOTrainer
-
-        return OnlineDPOTrainer
-    from rlframe.controller.trainers.ppo import PPOTrainer
-
-    return PPOTrainer
+    return load_class(algorithm_spec(cfg.algorithm).trainer)

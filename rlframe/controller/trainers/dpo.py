@@ -7,7 +7,7 @@ responses per prompt from the current policy, let the reward rank them, and take
     batch   = score(batch)                             # rule verifiers / reward models
     pairs   = make_preference_pairs(scores, uid)       # ties carry no preference: dropped
     pairs   = ref.compute_ref_log_prob(pairs)
-    actor.update_actor(pairs)                          # DPO loss, rows (chosen, rejected) adjacent
+    actor.update_actor_pairs(pairs)                    # DPO loss, rows (chosen, rejected) adjacent
 
 Same workers as PPO; only the dataflow differs.
 """
@@ -46,7 +46,7 @@ class OnlineDPOTrainer(PPOTrainer):
             if self.observer is not None:
                 self.observer.before_update(self, pairs)
             with timed(t, "update_actor"):
-                m.update(gathered(self.roles.actor.update_actor(pairs)))
+                m.update(gathered(self.roles.actor.update_actor_pairs(pairs)))
         t["timing_s/update_weights"] = gen_m.pop("timing_s/update_weights", 0.0)
         m.update({**gen_m, **reward_m, **t, "critic/score/mean": float(scores.mean()),
                   "response_length/mean": float(batch.batch["response_mask"].sum(-1).float().mean()),

@@ -196,9 +196,11 @@ def update_is_on_policy(cfg: RunConfig, *, rows: int) -> bool:
     the sampling weights and the PPO ratio is 1. The old log-probs are then the update's own,
     detached, and their separate forward pass is skipped. Not when something else needs them
     before the update: a KL penalty in the reward (computed from them on the driver)."""
+    from rlframe.config.algorithms import algorithm_spec
+
     actor, alg = cfg.actor, cfg.algorithm
     return (actor.ppo_epochs == 1 and actor.mini_batch_size >= rows and not alg.kl_in_reward
-            and alg.name != "online_dpo" and not cfg.off_policy)
+            and algorithm_spec(alg).ppo_ratio and not cfg.off_policy)
 
 
 def needs_old_log_probs(cfg: RunConfig, *, rows: int) -> bool:

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import torch
 
+from rlframe.config.algorithms import estimator_traits
 from rlframe.algos.dapo import filter_groups_by_reward_variance
 from rlframe.algos.kl import make_kl_controller
 from rlframe.config.build import to_dict
@@ -247,7 +248,8 @@ class PPOTrainer:
         sampling = phases.sampling_for(self.cfg, n=alg.n_samples, temperature=self.cfg.rollout.temperature,
                                        seed=self.sample_seed(salt))
         batch, metrics = self.generate(prompts, sampling)
-        if alg.adv_estimator == "remax":
+        traits = estimator_traits(alg)
+        if traits is not None and traits.extra_rollout == "greedy":  # its baseline_rewards (ReMax's)
             batch.batch["reward_baselines"] = self.greedy_baseline(prompts).repeat_interleave(alg.n_samples)
         return batch, metrics
 

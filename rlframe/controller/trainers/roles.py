@@ -7,6 +7,7 @@ import dataclasses
 import time
 from dataclasses import dataclass
 
+from rlframe.config.resources import needs_reference
 from rlframe.config.schedule import optimizer_steps
 from rlframe.config.schema import RunConfig
 from rlframe.config.resources import has_reference_group, role_world_sizes
@@ -176,7 +177,7 @@ def build_roles(cfg: RunConfig, *, actor_path: str, critic_path: str) -> RunRole
                             collective_timeout_s=timeout)
         pools.append(pool)
     ref = groups.get("ref")
-    if ref is None and (cfg.uses_ref or cfg.algorithm.name == "online_dpo"):
+    if ref is None and needs_reference(cfg):
         ref = groups["actor"]  # LoRA: ActorWorker.compute_ref_log_prob, the base model with adapters off
     roles = RunRoles(actor=groups["actor"], critic=groups.get("critic"), ref=ref,
                      reward_model=rm, pools=pools, rollout_tp=cfg.rollout.tp, generator=groups.get("rollout"))
@@ -184,15 +185,16 @@ def build_roles(cfg: RunConfig, *, actor_path: str, critic_path: str) -> RunRole
         open_weight_channel(roles.actor, roles.generator, gen_tp=cfg.rollout.tp, bucket_bytes=cfg.rollout.bucket_bytes,
                             timeout_s=timeout, delta_full_every=cfg.rollout.delta_syncs(),
                             transport=cfg.rollout.weight_transport, directory=cfg.rollout.weight_transport_dir,
-                            chain=cfg.rollout.weight_fanout == "chain")
+                            chain=cfg.rollout.weight_fanout == "chain", backend=cfg.rollout.backend)
     return roles
 
 
 def open_weight_channel(actor: RayWorkerGroup, generator: RayWorkerGroup, *, gen_tp: int, bucket_bytes: int,
                         timeout_s: float, delta_full_every: int | None = None, transport: str = "gloo",
-                        directory: str | None = None, chain: bool = False) -> None:
+                        directory: str | None = None, chain: bool = False, backend: str = "auto") -> None:
     """Join every process of both groups in the weight channel (rendezvous on the actor's rank 0)
-    and let each side plan the same sync (delta syncs when `delta_full_every` is set)."""
+    and let each side plan the same sync (delta syncs when `delta_full_every` is set) into the slices
+    the generation group's rollout `backend` holds."""
     import ray
 
     addr, port = ray.get(actor.hosts.actors[0].address.remote())
@@ -200,7 +202,7 @@ def open_weight_channel(actor: RayWorkerGroup, generator: RayWorkerGroup, *, gen
     common = dict(addr=addr, port=port, bucket_bytes=bucket_bytes, timeout_s=timeout_s,
                   delta_full_every=delta_full_every, transport=transport, directory=directory, chain=chain,
                   blocking=False)
-    joining = [actor.join_weight_channel(gen_tp=gen_tp, gen_world=generator.world_size, **common),
+    joining = [actor.join_weight_channel(backend=backend, gen_tp=gen_tp, gen_world=generator.world_size, **common),
                generator.join_weight_channel(train_layout=layout, metas=metas, **common)]
     for fut in joining:
         fut.get()

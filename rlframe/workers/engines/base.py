@@ -136,10 +136,14 @@ class TrainEngineConfig:
 
 
 class TrainEngine(abc.ABC):
-    """One model replica over a (dp, tp[, pp]) layout, with optimizer, scheduler and checkpoints."""
+    """One model replica over a (dp, tp[, pp]) layout, with optimizer, scheduler and checkpoints.
+
+    What the roles call is declared here; what the engine supports (parallelisms, LoRA, its memory
+    model, its checkpoint reader, its config checks) is its spec's (rlframe.plugins.EngineSpec)."""
 
     config: TrainEngineConfig
     compute_dtype: torch.dtype  # of forward/backward: bf16 under mixed precision, else fp32
+    device: torch.device  # where its parameters live (cpu, or this rank's cuda device)
 
     @abc.abstractmethod
     def forward_log_probs(self, batch, *, temperature: float = 1.0, with_entropy: bool = False,
@@ -181,6 +185,24 @@ class TrainEngine(abc.ABC):
     @abc.abstractmethod
     def layout(self) -> dict[str, Any]:
         """The parallel layout and this rank's coordinates in it (for the resharding planner)."""
+
+    @abc.abstractmethod
+    def resharding_layout(self):
+        """The `rlframe.resharding.Layout` whose boxes are exactly this engine's `local_shards` (the
+        source of every weight sync; the engine asserts its shards match it)."""
+
+    @abc.abstractmethod
+    def layout_meta(self) -> dict[str, Any]:
+        """What a checkpoint's layout.json records: "backend" (the spec's name), "head", the layout
+        sizes, "model_path" and the LoRA settings (None without LoRA)."""
+
+    def lora_param_metas(self) -> dict:
+        """HF name -> ParamMeta of the trained LoRA adapters (what a LoRA weight sync sends)."""
+        raise ValueError(f"{type(self).__name__} has no LoRA adapters (lora_rank={self.config.lora_rank})")
+
+    def lora_local_shards(self) -> dict:
+        """Like `local_shards`, for the LoRA adapters only."""
+        raise ValueError(f"{type(self).__name__} has no LoRA adapters (lora_rank={self.config.lora_rank})")
 
     @abc.abstractmethod
     def full_state_dict(self) -> dict[str, torch.Tensor]:

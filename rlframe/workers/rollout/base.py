@@ -66,6 +66,7 @@ class RolloutEngine(ABC):
     """A generation backend living inside a worker process."""
 
     backend: str = ""
+    spec = None  # its rlframe.plugins.BackendSpec, set by build_rollout_engine
 
     @abstractmethod
     def generate(self, prompts: Any, sampling: SamplingConfig) -> Any:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-BACKENDS = ("auto", "vllm", "hf")
 LOAD_FORMATS = ("auto", "dummy")
 LOGPROBS_MODES = ("processed", "raw")
 
@@ -64,8 +63,8 @@ CPU_KV_CACHE_BYTES = 256 << 20
 class RolloutConfig:
     """How the rollout engine is built (fixed for its lifetime).
 
-    backend: "vllm", "hf" (transformers generate) or "auto" (vLLM when importable, else hf with a
-        warning that says how to install vLLM).
+    backend: a registered rollout backend (rlframe.plugins.ROLLOUT_BACKENDS: "vllm", "hf" (transformers
+        generate), ...) or "auto" (the installed one its spec ranks first: vLLM, else hf with a warning).
     tensor_parallel_size: generation TP degree; the engine spans the calling process group's ranks
         through vLLM's `external_launcher` executor (every rank of the group builds one engine).
     logprobs_mode: "processed" returns log-probs of the distribution the token was sampled from
@@ -113,8 +112,10 @@ class RolloutConfig:
     vllm_kwargs: dict = field(default_factory=dict)
 
     def __post_init__(self):
-        if self.backend not in BACKENDS:
-            raise ValueError(f"rollout.backend={self.backend!r}: choose one of {BACKENDS}")
+        if self.backend != "auto":
+            from rlframe.plugins.backends import ROLLOUT_BACKENDS
+
+            ROLLOUT_BACKENDS.get(self.backend)  # ValueError naming the registered ones
         if self.load_format not in LOAD_FORMATS:
             raise ValueError(f"load_format={self.load_format!r}: choose one of {LOAD_FORMATS} (auto: the checkpoint)")
         if self.logprobs_mode not in LOGPROBS_MODES:

@@ -2,6 +2,7 @@
 
 import pytest
 
+from rlframe.plugins import EngineSpec, engine_spec
 from rlframe.workers.engines import TrainEngine, TrainEngineConfig, get_train_engine, register_train_engine
 from rlframe.workers.engines.base import as_tensor_dict
 from rlframe.workers.engines.fsdp.parallelize import check_model_fits
@@ -10,10 +11,21 @@ from rlframe.workers.engines.fsdp.parallelize import check_model_fits
 def test_registry_returns_the_fsdp_backend_and_names_the_choices():
     cls = get_train_engine("fsdp")
     assert issubclass(cls, TrainEngine) and cls.__name__ == "FSDPTrainEngine"
-    with pytest.raises(ValueError, match=r"unknown training engine 'jax'; available: \['fsdp'"):
+    with pytest.raises(ValueError, match=r"strategy='jax' is not a registered training engine; known: fsdp, megatron"):
         get_train_engine("jax")
-    with pytest.raises(ValueError, match="package.module:ClassName"):
-        register_train_engine("bad", "no_colon")
+    with pytest.raises(ValueError, match="takes an EngineSpec"):
+        register_train_engine("bad")
+    with pytest.raises(ValueError, match=r"'fsdp' is already registered"):
+        register_train_engine(EngineSpec(name="fsdp", target="x.y:Z"))
+
+
+def test_engine_specs_agree_with_their_engines():
+    """The specs (no torch) state what the engines' own modules define."""
+    from rlframe.workers.engines.lora import SUPPORTED_TARGETS
+    from rlframe.workers.engines.megatron.model import SUPPORTED_MODEL_TYPES
+
+    assert set(engine_spec("fsdp").lora_targets) == set(SUPPORTED_TARGETS)
+    assert engine_spec("megatron").model_types == SUPPORTED_MODEL_TYPES and not engine_spec("megatron").lora
 
 
 @pytest.mark.parametrize("kwargs, match", [

@@ -54,9 +54,9 @@ def test_engine_kwargs_reach_the_engine_and_owned_keys_are_refused():
 
 
 def test_every_engine_keyword_rlframe_sets_is_owned():
-    """rollout.engine_kwargs may not override what llm_kwargs derives (the list in validate.py)."""
-    from rlframe.config.validate import ENGINE_KWARGS_OWNED
+    """rollout.engine_kwargs may not override what llm_kwargs derives (the list in the vLLM backend's spec)."""
     from rlframe.workers.rollout.config import RolloutConfig
+    from rlframe.workers.rollout.vllm_spec import OWNED_ENGINE_KWARGS as ENGINE_KWARGS_OWNED
 
     for is_cpu in (True, False):
         config = RolloutConfig(backend="vllm", lora_rank=8, block_size=32, max_num_batched_tokens=4096)

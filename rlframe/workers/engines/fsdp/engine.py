@@ -272,7 +272,7 @@ class FSDPTrainEngine(BatchedForward, TrainEngine):
         return not any(self.mesh.get_coordinate())
 
     def layout_meta(self) -> dict[str, Any]:
-        return {"head": self.config.head, "dp": self.config.dp, "tp": self.config.tp,
+        return {"backend": "fsdp", "head": self.config.head, "dp": self.config.dp, "tp": self.config.tp,
                 "model_path": self.config.model_path,
                 "lora": None if self.lora is None else self.lora.to_meta()}
 

@@ -21,6 +21,7 @@ import os
 import torch
 import torch.distributed as dist
 
+from rlframe.workers.engines.megatron.spec import MEGATRON
 from rlframe.resharding.executor import ShardAssembler, execute_plan
 from rlframe.resharding.layout import Layout
 from rlframe.resharding.planner import plan_reshard
@@ -54,7 +55,7 @@ def load_checkpoint(engine, path: str) -> None:
     path = ckpt.check_checkpoint(engine, path)
     with open(os.path.join(path, "layout.json")) as f:
         saved = json.load(f)
-    if saved.get("backend") != "megatron" or (saved["tp"], saved["pp"]) != (engine.config.tp, engine.config.pp):
+    if saved.get("backend") != MEGATRON.name or (saved["tp"], saved["pp"]) != (engine.config.tp, engine.config.pp):
         raise ValueError(f"checkpoint {path!r} was written by backend={saved.get('backend', 'fsdp')} tp={saved['tp']} "
                          f"pp={saved.get('pp', 1)}; this megatron engine is tp={engine.config.tp} pp={engine.config.pp}. "
                          "Resume with the same backend, tp and pp, or start from an exported HF checkpoint")
