@@ -14,7 +14,7 @@ takes the traits as keywords; rlframe.algos.registry.estimator_spec reads them b
 A new engine or backend is one file that defines the implementation and registers its spec:
 
     from rlframe.plugins import EngineSpec, register_train_engine
-    register_train_engine(EngineSpec(name="ddp", target="my_pkg.ddp:DDPEngine", parallelisms={"dp"}))
+    register_train_engine(EngineSpec(name="ddp", target="examples.plugins.ddp_engine:DDPTrainEngine", parallelisms={"dp"}))
 
 and a config line naming it (`actor.strategy=ddp`), with the module listed under `imports:` so the
 driver and every worker import it (docs/architecture.md lists what each kind of plugin touches).

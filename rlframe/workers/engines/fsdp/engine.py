@@ -62,6 +62,8 @@ class FSDPTrainEngine(BatchedForward, TrainEngine):
     overrides the default mesh over all ranks, e.g. to run several independent engines in one
     process group."""
 
+    strategy = "fsdp"  # its spec's name, written into layouts and checkpoints
+
     def __init__(self, config: TrainEngineConfig, *, device_mesh=None):
         if not dist.is_initialized():
             raise ValueError("FSDPTrainEngine needs an initialised torch.distributed process group")
@@ -252,7 +254,7 @@ class FSDPTrainEngine(BatchedForward, TrainEngine):
     def layout(self) -> dict[str, Any]:
         cfg = self.config
         return {
-            "backend": "fsdp", "dim_names": tuple(self.mesh.mesh_dim_names), "dp": cfg.dp, "tp": cfg.tp, "sp": cfg.sp,
+            "backend": self.strategy, "dim_names": tuple(self.mesh.mesh_dim_names), "dp": cfg.dp, "tp": cfg.tp, "sp": cfg.sp,
             "dp_rank": self.mesh.get_local_rank("dp"), "tp_rank": self.mesh.get_local_rank("tp"),
             "sp_rank": self.mesh.get_local_rank("sp") if cfg.sp > 1 else 0,
             "rank": dist.get_rank(), "mesh": self.mesh.mesh.tolist(),
@@ -272,7 +274,7 @@ class FSDPTrainEngine(BatchedForward, TrainEngine):
         return not any(self.mesh.get_coordinate())
 
     def layout_meta(self) -> dict[str, Any]:
-        return {"backend": "fsdp", "head": self.config.head, "dp": self.config.dp, "tp": self.config.tp,
+        return {"backend": self.strategy, "head": self.config.head, "dp": self.config.dp, "tp": self.config.tp,
                 "model_path": self.config.model_path,
                 "lora": None if self.lora is None else self.lora.to_meta()}
 
