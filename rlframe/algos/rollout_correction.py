@@ -41,9 +41,6 @@ def correction_band(method: str, low: float | None, high: float | None) -> tuple
 
 
 MASKING = tuple(CORRECTION_BANDS)  # drop tokens or responses outside [low, high]
-# meta_info flag of the batch the actor's update gets with dropped tokens out of its response_mask:
-# a mini-batch left with none is skipped (no optimizer step) instead of being an error
-CORRECTION_MASKED = "correction_masked"
 LOG_BOUND = 20.0
 
 

@@ -91,7 +91,7 @@ class AlgorithmConfig:
 class TrainRoleConfig:
     """Training layout and optimisation of one role (actor or critic)."""
 
-    strategy: str = "fsdp"  # fsdp | megatron
+    strategy: str = "fsdp"  # a registered training engine (rlframe.plugins.TRAIN_ENGINES): fsdp, megatron, ...
     worker_cls: str | None = None  # "package.module:Class", a subclass of the role's worker; None: built-in
     dp: int = 2
     tp: int = 1
@@ -132,6 +132,13 @@ class TrainRoleConfig:
     lora_target_modules: list[str] = field(default_factory=lambda: [
         "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])
     lora_dropout: float = 0.0
+
+    @property
+    def rows_per_rank(self) -> int:
+        """The rows of one mini-batch each dp rank trains on (mini_batch_size / dp; a replica's sp, tp and
+        pp ranks share them): the per-rank mini-batch, computed here only (the workers' split, validation,
+        the memory estimate, the planner and calibration read it)."""
+        return self.mini_batch_size // max(self.dp, 1)
 
 
 @dataclass

@@ -206,7 +206,7 @@ def _check_batches(cfg: RunConfig, out: list[str]) -> None:
         elif role.mini_batch_size % role.dp:
             out.append(f"{name}.mini_batch_size={role.mini_batch_size} must be divisible by {name}.dp={role.dp}; "
                        f"use a multiple of {role.dp}")
-        per_rank = role.mini_batch_size // max(role.dp, 1)
+        per_rank = role.rows_per_rank
         if role.micro_batch_size and per_rank % role.micro_batch_size:
             out.append(f"{name}.micro_batch_size={role.micro_batch_size} must divide the per-rank mini-batch "
                        f"{role.mini_batch_size} / dp {role.dp} = {per_rank}; use a divisor of {per_rank}")

@@ -107,7 +107,7 @@ def variants(cfg) -> list[list[str]]:
     batch, and its trained roles with half the dp as tp where the engines build that."""
     def half(role: str) -> list[str]:
         r = getattr(cfg, role)
-        rows = r.micro_batch_size or r.mini_batch_size // (r.dp * r.sp)
+        rows = r.micro_batch_size or r.rows_per_rank
         return [f"{role}.micro_batch_size={max(1, rows // 2)}", f"{role}.max_tokens_per_micro_batch=null"]
 
     out = [[], [*half("actor"), *half("critic")], [f"data.train_batch_size={cfg.data.train_batch_size * 2}"]]

@@ -63,20 +63,24 @@ def load_constants(setting: str | Path = DEFAULT_CONSTANTS):
 
 def resumed_plan(cfg):
     """(the plan the checkpoint this launch resumes was written with, its path), or None: a resumed
-    run keeps its layout (a checkpoint loads into the layout that wrote it)."""
-    from rlframe.controller.lifecycle.run_identity import checkpoint_run_info, complete_checkpoints
+    run keeps its layout (a checkpoint loads into the layout that wrote it). The checkpoint is the one
+    the trainer will load (lifecycle/checkpoint.resume_checkpoint: this run's newest that verifies, for
+    resume=auto); none, or one the trainer would refuse, leaves the plan to the search (the trainer
+    then says why it refuses)."""
+    from rlframe.controller.lifecycle.checkpoint import resume_checkpoint
+    from rlframe.controller.lifecycle.run_identity import checkpoint_run_info
     from rlframe.plan.space import plan_of
 
     t = cfg.trainer
-    if t.resume == "off":
+    try:
+        found = resume_checkpoint(Path(t.output_dir).expanduser() / t.experiment, t.resume)
+    except ValueError:
         return None
-    found = [Path(t.resume)] if t.resume != "auto" else [p for _, p in complete_checkpoints(
-        Path(t.output_dir).expanduser() / t.experiment)][-1:]
-    info = checkpoint_run_info(found[0]) if found else None
+    info = checkpoint_run_info(found) if found else None
     if not info or "config" not in info:
         return None
     try:
-        return plan_of(cfg, info["config"]), found[0]
+        return plan_of(cfg, info["config"]), found
     except (KeyError, TypeError):  # written by a version without some of the keys: plan afresh
         return None
 

@@ -185,7 +185,7 @@ class Estimate:
     def _tokens(self, c: TrainRoleConfig) -> tuple[int, int, int]:
         """(tokens per micro-batch, its longest sequence, micro-batches per rank and mini-batch)."""
         seq = self.cfg.data.prompt_length + self.cfg.data.response_length  # a trained row (vLLM's may be longer)
-        per_rank = math.ceil(c.mini_batch_size / c.dp)
+        per_rank = max(1, c.rows_per_rank)
         if c.max_tokens_per_micro_batch is not None:  # a rank's budget: sp ranks share a micro-batch
             budget = c.max_tokens_per_micro_batch * c.sp
             return budget, min(seq, budget), per_rank

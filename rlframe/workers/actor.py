@@ -15,7 +15,7 @@ serves base + adapter. The reference policy is this worker's own model with the 
 
 from __future__ import annotations
 
-from rlframe.algos.rollout_correction import CORRECTION_MASKED
+from rlframe.protocol.step import log_prob_temperature, step_settings
 
 from rlframe.config.schema import AlgorithmConfig, RolloutSection, TrainRoleConfig
 from rlframe.single_controller import Dispatch, Mesh, register
@@ -26,7 +26,7 @@ from rlframe.resharding.executor import execute_plan
 from rlframe.resharding.layout import generation_layout
 from rlframe.workers.common import (
     RL_LOSS_WEIGHTING, build_train_engine, delta_state, lora_sync_config, metrics_only, prefixed, rollout_config,
-    sampling_temperature, sync_metrics, train_mesh,
+    sync_metrics, train_mesh,
 )
 from rlframe.workers.losses import actor_loss_fn, check_on_policy, dpo_loss_fn, sft_loss_fn
 from rlframe.workers.rollout import SamplingConfig, build_rollout_engine
@@ -200,7 +200,7 @@ class ActorWorker(TrainedRole):
     @register(dispatch=Dispatch.DP_COMPUTE)
     def compute_log_prob(self, data: DataProto) -> DataProto:
         """Log-probs (B, R) of the responses under the current policy: `old_log_probs`."""
-        out = self.engine.forward_log_probs(data, temperature=sampling_temperature(data),
+        out = self.engine.forward_log_probs(data, temperature=log_prob_temperature(data),
                                             with_entropy=True)
         if out is None:
             return None  # not the last pipeline stage: the dispatcher collects from that one
@@ -212,7 +212,7 @@ class ActorWorker(TrainedRole):
         if not self.lora:
             raise ValueError("the actor serves reference log-probs only with LoRA (its base model with adapters "
                              "off); without it the run has a reference worker group")
-        out = self.engine.forward_log_probs(data, temperature=sampling_temperature(data),
+        out = self.engine.forward_log_probs(data, temperature=log_prob_temperature(data),
                                             disable_adapter=True)
         if out is None:
             return None
@@ -221,16 +221,14 @@ class ActorWorker(TrainedRole):
     @register(dispatch=Dispatch.DP_COMPUTE)
     def update_actor(self, data: DataProto) -> DataProto:
         """PPO-style epochs over shuffled mini-batches; one optimizer step per mini-batch."""
-        temperature = sampling_temperature(data)
-        on_policy = bool(data.meta_info.get("on_policy", False))  # set by the trainer: see actor_loss_fn
-        if on_policy:
-            check_on_policy(ppo_epochs=self.cfg.ppo_epochs, mini_batch_rows=self.cfg.mini_batch_size // self.cfg.dp,
+        step = step_settings(data)
+        if step.on_policy:  # set by the trainer: see actor_loss_fn
+            check_on_policy(ppo_epochs=self.cfg.ppo_epochs, mini_batch_rows=self.cfg.rows_per_rank,
                             rows=len(data))
-        loss_fn = actor_loss_fn(self.algo, loss_scale_factor=data.meta_info.get("loss_scale_factor"),
-                                on_policy=on_policy)
+        loss_fn = actor_loss_fn(self.algo, on_policy=step.on_policy)
         return self.run_epochs(data, loss_fn, prefix="actor", loss_weighting=RL_LOSS_WEIGHTING,
-                               temperature=temperature, with_entropy=True,
-                               allow_empty=bool(data.meta_info.get(CORRECTION_MASKED)))
+                               temperature=log_prob_temperature(data), with_entropy=True,
+                               allow_empty=step.allow_empty_minibatches)
 
     @register(dispatch=Dispatch.DP_COMPUTE)
     def update_actor_pairs(self, data: DataProto) -> DataProto:
@@ -240,7 +238,7 @@ class ActorWorker(TrainedRole):
             return [[mb] for mb in batch.split(max(2, per_rank - per_rank % 2))]
 
         return self.run_epochs(data, dpo_loss_fn(beta=self.algo.dpo_beta), prefix="actor", loss_weighting="samples",
-                               minibatches=in_order, temperature=sampling_temperature(data))
+                               minibatches=in_order, temperature=log_prob_temperature(data))
 
     def after_update(self) -> None:
         self._weights_stale = True  # the rollout engine gets the new weights before its next generate

@@ -106,18 +106,6 @@ def kv_cache_bytes(section: RolloutSection, *, on_gpu: bool) -> int | None:
     return None if on_gpu else CPU_KV_CACHE_BYTES
 
 
-def sampling_temperature(data) -> float:
-    """The rollout's sampling temperature, which every log-prob of the sampled tokens must use
-    (old, reference and the update's own: logits / T). The driver stamps it in `meta_info`; a
-    missing stamp is an error, never a silent 1.0 (that would make every ratio and KL term wrong
-    for any other temperature)."""
-    if "temperature" not in data.meta_info:
-        raise ValueError("the batch's meta_info has no 'temperature': the driver must stamp the rollout's "
-                         "sampling temperature on a batch before any log-prob call (meta_info['temperature'] = "
-                         "rollout.temperature); defaulting to 1.0 would be silently wrong for any other value")
-    return float(data.meta_info["temperature"])
-
-
 def prefixed(metrics: dict, prefix: str) -> dict[str, float]:
     return {k if "/" in k else f"{prefix}/{k}": float(v) for k, v in metrics.items()}
 

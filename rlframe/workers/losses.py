@@ -31,7 +31,7 @@ def token_share(mb) -> torch.Tensor:
     return mb["response_mask"].sum() / global_counts(mb)[0].clamp(min=1)
 
 
-def actor_loss_fn(algo: AlgorithmConfig, *, loss_scale_factor: float | None = None, on_policy: bool = False):
+def actor_loss_fn(algo: AlgorithmConfig, *, on_policy: bool = False):
     """Policy loss (+ entropy bonus, + KL-to-reference loss when configured), each normalised by the
     mini-batch's global counts, so that the sum over micro-batches and dp ranks (loss_weighting
     "global") is the loss and gradient of the whole mini-batch at once, for every loss mode, with
@@ -46,8 +46,7 @@ def actor_loss_fn(algo: AlgorithmConfig, *, loss_scale_factor: float | None = No
     by older weights (asynchronous rollouts) or for a second mini-batch or epoch."""
     policy_loss = get_policy_loss(algo.policy_loss)
     agg_mode = resolve_loss_agg_mode(policy_loss=algo.policy_loss, loss_agg_mode=algo.loss_agg_mode)
-    if loss_scale_factor is None:  # seq-mean-token-sum-norm's constant (the driver sets the max response length)
-        loss_scale_factor = algo.loss_scale_factor
+    loss_scale_factor = algo.loss_scale_factor  # seq-mean-token-sum-norm's constant (roles.py: the max response length)
     clip_c = algo.clip_ratio_c if algo.policy_loss == "dual_clip" else None
 
     def loss_fn(outputs, mb):
@@ -106,14 +105,16 @@ def check_on_policy(*, ppo_epochs: int, mini_batch_rows: int, rows: int) -> None
         )
 
 
-def critic_loss_fn(*, cliprange_value: float, loss_agg_mode: str):
-    """The value loss normalised by the mini-batch's global counts (see actor_loss_fn)."""
+def critic_loss_fn(*, cliprange_value: float, loss_agg_mode: str, loss_scale_factor: float | None = None):
+    """The value loss normalised by the mini-batch's global counts (see actor_loss_fn); with
+    seq-mean-token-sum-norm each sequence's sum is divided by the run's constant `loss_scale_factor`,
+    as the actor's is (without one, by the micro-batch's padded width, which its padding decides)."""
     def loss_fn(outputs, mb):
         tokens, seqs = global_counts(mb)
         loss, m = compute_value_loss(
             vpreds=outputs["values"], values=mb["values"], returns=mb["returns"],
             response_mask=mb["response_mask"], cliprange_value=cliprange_value, loss_agg_mode=loss_agg_mode,
-            global_token_count=tokens, global_seq_count=seqs,
+            global_token_count=tokens, global_seq_count=seqs, loss_scale_factor=loss_scale_factor,
         )
         share = token_share(mb)
         return loss, {"critic/vf_loss": loss.detach(), **{f"critic/{k}": v * share for k, v in m.items()}}

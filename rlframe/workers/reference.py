@@ -5,7 +5,8 @@ from __future__ import annotations
 from rlframe.config.schema import TrainRoleConfig
 from rlframe.single_controller import Dispatch, Worker, register
 from rlframe.protocol import DataProto
-from rlframe.workers.common import build_train_engine, sampling_temperature, train_mesh
+from rlframe.protocol.step import log_prob_temperature
+from rlframe.workers.common import build_train_engine, train_mesh
 
 
 class ReferenceWorker(Worker):
@@ -17,7 +18,7 @@ class ReferenceWorker(Worker):
 
     @register(dispatch=Dispatch.DP_COMPUTE)
     def compute_ref_log_prob(self, data: DataProto) -> DataProto:
-        out = self.engine.forward_log_probs(data, temperature=sampling_temperature(data))
+        out = self.engine.forward_log_probs(data, temperature=log_prob_temperature(data))
         if out is None:
             return None  # not the last pipeline stage: the dispatcher collects from that one
         return DataProto.from_dict(tensors={"ref_log_prob": out["log_probs"]})

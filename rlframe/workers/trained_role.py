@@ -7,6 +7,7 @@ from rlframe.config.schema import TrainRoleConfig
 from rlframe.single_controller import Dispatch, Worker, register
 from rlframe.protocol import DataProto
 from rlframe.workers.common import mean_metrics, metrics_only, prefixed
+from rlframe.protocol.step import step_settings
 
 
 class TrainedRole(Worker):
@@ -18,8 +19,9 @@ class TrainedRole(Worker):
         `cfg.mini_batch_size / dp` rows (shuffled, seeded by the global step so a resumed run
         draws the same mini-batches). `minibatches(data, per_rank)` replaces the shuffled split
         where rows must stay in order (e.g. DPO's pairs)."""
-        per_rank = self.cfg.mini_batch_size // self.cfg.dp
-        step = int(data.meta_info.get("global_step", 0))
+        per_rank = self.cfg.rows_per_rank
+        settings = step_settings(data)
+        step = settings.global_step
         rows = []
         for epoch in range(self.cfg.ppo_epochs):
             split = minibatches(data, per_rank) if minibatches is not None else data.iter_minibatches(
@@ -33,7 +35,7 @@ class TrainedRole(Worker):
         metrics = mean_metrics([r for r in rows if not r.get(f"{prefix}/empty")] or rows)
         if empty:
             metrics[f"{prefix}/empty"] = float(empty)
-        if data.meta_info.get("first_minibatch_metrics") and rows:  # preflight: the first step's own values
+        if settings.report_first_minibatch and rows:  # preflight: the first step's own values
             metrics.update({k.replace("/", "/first_mb_", 1): v for k, v in rows[0].items()})
         return metrics_only(metrics, self.rank_info().dp_rank)
 

@@ -57,20 +57,31 @@ def test_auto_plan_chooses_before_the_run_starts(capsys):
 
 def test_a_resumed_run_keeps_its_checkpoints_plan(tmp_path, capsys):
     """auto_plan with a checkpoint to resume: the layout the checkpoint was written with, whatever
-    the estimate says now (a checkpoint loads into its own layout)."""
+    the estimate says now (a checkpoint loads into its own layout). The checkpoint is the one the
+    trainer loads (the checkpoint manager's rule): a newer one that fails verification is skipped,
+    as resume=auto skips it."""
     import json
 
     from rlframe.config.build import to_dict
     from rlframe.plan.command import auto_plan
+    from rlframe.utils import manifest
 
     cfg = load_config("ppo_tiny", ["resources.procs_per_node=4", f"trainer.output_dir={tmp_path}",
                                    "trainer.auto_plan=true"])
-    written = dataclasses.replace(cfg, actor=dataclasses.replace(cfg.actor, strategy="megatron", dp=2, tp=2),
-                                  critic=dataclasses.replace(cfg.critic, strategy="megatron", dp=2, tp=2))
-    ckpt = tmp_path / cfg.trainer.experiment / "checkpoints" / "step_000002"
-    ckpt.mkdir(parents=True)
-    (ckpt / "trainer_state.json").write_text("{}")
-    (ckpt / "run.json").write_text(json.dumps({"run_id": "x", "identity": {}, "config": to_dict(written)}))
+
+    def checkpoint(step, strategy, dp, tp):
+        written = dataclasses.replace(cfg, actor=dataclasses.replace(cfg.actor, strategy=strategy, dp=dp, tp=tp),
+                                      critic=dataclasses.replace(cfg.critic, strategy=strategy, dp=dp, tp=tp))
+        ckpt = tmp_path / cfg.trainer.experiment / "checkpoints" / f"step_{step:06d}"
+        ckpt.mkdir(parents=True)
+        (ckpt / "trainer_state.json").write_text("{}")
+        (ckpt / "run.json").write_text(json.dumps({"run_id": "x", "identity": {}, "config": to_dict(written)}))
+        manifest.write_manifest(ckpt)
+        return ckpt
+
+    checkpoint(2, "megatron", 2, 2)
+    damaged = checkpoint(4, "fsdp", 1, 4)
+    (damaged / "trainer_state.json").write_text('{"step": 4}')  # no longer what its manifest says
     kept = auto_plan(cfg)
     assert (kept.actor.strategy, kept.actor.dp, kept.actor.tp) == ("megatron", 2, 2)
     assert "keeps the plan of the checkpoint it resumes" in capsys.readouterr().out

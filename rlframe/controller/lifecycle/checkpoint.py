@@ -124,10 +124,10 @@ class CheckpointManager:
                     warnings.warn(f"skipping {path}: {'; '.join(err.problems)}", stacklevel=2)
         return None
 
-    def latest(self) -> Path | None:
+    def latest(self, *, warn: bool = True) -> Path | None:
         """The checkpoint `trainer.resume=auto` continues from: the newest that verifies."""
         done = self.complete()
-        found = self.newest_verified()
+        found = self.newest_verified(warn=warn)
         if done and found is None:
             raise ValueError(
                 f"trainer.resume=auto: none of the {len(done)} checkpoints in {self.root} verifies against its "
@@ -135,15 +135,18 @@ class CheckpointManager:
                 "trainer.resume=off (retention then deletes these as new checkpoints are saved)")
         return found
 
-    def resolve(self, resume: str) -> Path | None:
+    def resolve(self, resume: str, *, announce: bool = True) -> Path | None:
         """The checkpoint `trainer.resume` asks for: auto (newest verified here, if any), off, or a path
-        (which must verify)."""
+        (which must verify). The one decision of what a launch resumes: the planner asks it
+        (`resume_checkpoint`), the trainer loads it, a restart continues from it."""
         if resume == "off":
             return None
         if resume == "auto":
             from rlframe.utils.console import say
 
             others, superseded = self.others(), self.superseded()
+            if not announce:
+                return self.latest(warn=False)
             if others:
                 say(f"ignoring {len(others)} checkpoint(s) of other runs in {self.root} (kept, never resumed "
                     f"from): {', '.join(p.name for p in others)}; trainer.resume=PATH continues from one explicitly")
@@ -251,3 +254,12 @@ def check_resume_path(resume: str, known: list[tuple[int, Path]] = ()) -> Path:
                          f"pick one of {[str(p) for _, p in known]} or use resume=auto")
     manifest.verify(path)
     return path
+
+
+def resume_checkpoint(run_dir: str | Path, resume: str) -> Path | None:
+    """What `trainer.resume` resolves to in `run_dir` as the directory stands, decided by the checkpoint
+    manager's rule (`CheckpointManager.resolve`) for the run the directory holds, without claiming it:
+    for the planner, which keeps the layout of the checkpoint the trainer will then load. Raises
+    ValueError where the trainer would (a path that does not verify; auto with none that does)."""
+    run = run_identity.current_record(run_dir)
+    return CheckpointManager(Path(run_dir), keep=1, run=run).resolve(resume, announce=False)

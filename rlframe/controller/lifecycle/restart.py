@@ -17,7 +17,6 @@ model, optimizer, dataloader and RNG states all come from the checkpoint.
 from __future__ import annotations
 
 import dataclasses
-import time
 from dataclasses import dataclass
 
 from rlframe.config.schema import RunConfig
@@ -80,12 +79,14 @@ def dead_ranks(roles, *, timeout_s: float = 10.0, node_timeout_s: float = 90.0) 
     return dead
 
 
-def _newest_checkpoint_since(trainer, since: float):
+def _resume_after_failure(trainer):
+    """Where the next attempt continues: when this attempt saved a checkpoint, the one resume=auto
+    takes (this run's newest that verifies: the checkpoint manager's one rule); else None (the
+    attempt's own trainer.resume stands, where this run began)."""
     ckpt = getattr(trainer, "ckpt", None)
-    if ckpt is None:
+    if ckpt is None or getattr(trainer, "saved", None) in (None, getattr(trainer, "resumed_from", None)):
         return None
-    fresh = [path for _, path in ckpt.complete() if path.stat().st_mtime >= since]  # this run's only
-    return fresh[-1] if fresh else None
+    return ckpt.resolve("auto", announce=False)
 
 
 def fit_with_restarts(cfg: RunConfig, *, trainer_cls, run_dir) -> dict:
@@ -93,7 +94,6 @@ def fit_with_restarts(cfg: RunConfig, *, trainer_cls, run_dir) -> dict:
     from rlframe.single_controller.worker_group import WorkerGroupError
 
     history: list[WorkerFailure] = []
-    started = time.time()
     lost = []
     while True:
         cfg = room_after_loss(cfg, lost)  # after a lost node: wait for room, or shrink (node_loss.py)
@@ -116,7 +116,7 @@ def fit_with_restarts(cfg: RunConfig, *, trainer_cls, run_dir) -> dict:
                     f"worker processes died {len(history)} times, more than trainer.max_restarts="
                     f"{cfg.trainer.max_restarts} allows:\n  {summary}\nCheck the workers' logs (out of memory? "
                     "killed?); raise trainer.max_restarts to keep trying") from err
-            resume = _newest_checkpoint_since(trainer, started)
+            resume = _resume_after_failure(trainer)
             if resume is not None:
                 cfg = dataclasses.replace(cfg, trainer=dataclasses.replace(cfg.trainer, resume=str(resume)))
             say(f"{history[-1]}; restart {len(history)} of {cfg.trainer.max_restarts}: starting the worker groups "

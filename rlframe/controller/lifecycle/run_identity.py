@@ -187,6 +187,22 @@ def _new_record(identity: dict, adopted: list[str] = ()) -> RunRecord:
                      time.localtime(now)), adopted=list(adopted))
 
 
+def current_record(run_dir: str | Path) -> RunRecord | None:
+    """The record of the run the directory holds, read without claiming or writing anything: its
+    run.json, else the run of its newest checkpoint that records one (claim_run's rule); None for a
+    fresh directory or one written before runs were recorded."""
+    record = read_run_record(run_dir)
+    if record is not None:
+        return record
+    recorded = [info for _, path, info in ((s, p, checkpoint_run_info(p)) for s, p in complete_checkpoints(run_dir))
+                if info and "run_id" in info]
+    if not recorded:
+        return None
+    info = recorded[-1]
+    return RunRecord(run_id=str(info["run_id"]), identity=dict(info.get("identity", {})),
+                     attempt=int(info.get("attempt", 1)))
+
+
 def claim_run(run_dir: str | Path, cfg, *, announce=None) -> RunRecord:
     """The RunRecord of the run `cfg` defines in `run_dir`: the directory's own run when its defining
     keys match (made and written on the first launch), else RunDirConflict naming the differing keys.

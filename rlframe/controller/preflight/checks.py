@@ -68,7 +68,7 @@ def same_policy(a: torch.Tensor, b: torch.Tensor, mask: torch.Tensor, *, precisi
 
 def first_minibatch_ratio(metrics: dict, *, precision: str) -> list[Check]:
     """On-policy, the first mini-batch's ratio is 1: ppo_kl 0 and nothing clipped."""
-    cause = ("the old log-probs are not the update's own: a different temperature (meta_info['temperature']), "
+    cause = ("the old log-probs are not the update's own: a different temperature (the step settings' temperature), "
              "a forward pass with dropout on, or different weights (actor.* micro-batching, precision)")
     kl, clip = abs(metrics["actor/first_mb_ppo_kl"]), metrics["actor/first_mb_pg_clipfrac"]
     return [Check("first mini-batch ppo_kl", kl <= SAME_POLICY_LIMITS[precision], kl, SAME_POLICY_LIMITS[precision],

@@ -13,10 +13,11 @@ from rlframe.controller.preflight import checks
 from rlframe.controller.preflight.checks import Check
 from rlframe.controller.trainers import phases
 from rlframe.protocol import DataProto
+from rlframe.protocol.step import step_settings, with_step
 
 REWARD_KEYS = ("responses", "response_mask", "attention_mask", "input_ids", "prompts", "position_ids")
 LOGPROB_CAUSE = ("the training engine gives other log-probs than the rollout engine for the same tokens. "
-                 "Settings involved: rollout.temperature (every log-prob call must use it: meta_info['temperature']), "
+                 "Settings involved: rollout.temperature (every log-prob call must use it: the step settings' temperature), "
                  "rollout.top_p / rollout.top_k (the rollout's log-probs are of the truncated distribution), "
                  "the weight sync (see the checksum check), actor.lora_dropout (forward passes with dropout on), "
                  "actor.precision / rollout dtype")
@@ -62,7 +63,7 @@ class PreflightObserver:
             self.add(step, checks.group_zero_mean(batch, estimator=cfg.algorithm.adv_estimator))
         self.add(step, self._reward_repeats(trainer, batch))
         self.add(step, checks.nothing_after_end(batch, end_ids=trainer.end_ids))
-        batch.meta_info["first_minibatch_metrics"] = True
+        with_step(batch, step_settings(batch).but(report_first_minibatch=True))
 
     def _reward_repeats(self, trainer, batch: DataProto) -> Check | None:
         if "token_level_scores" not in batch.batch.keys():

@@ -22,6 +22,7 @@ from rlframe.utils import trace
 from rlframe.utils.timing import timed
 from rlframe.workers.rollout import SamplingConfig, logprob_diff_metrics
 from rlframe.workers.rollout.seeds import SEED_KEY, row_seeds
+from rlframe.protocol.step import step_settings, with_step
 
 PROMPT_KEYS = ["input_ids", "attention_mask", "position_ids"]
 
@@ -250,7 +251,8 @@ def for_actor(batch: DataProto) -> DataProto:
         return batch
     out = batch.select()
     out.batch["response_mask"] = batch.batch["kept_mask"]
-    out.meta_info[rollout_correction.CORRECTION_MASKED] = True  # a mini-batch left empty is skipped
+    # a mini-batch left empty is skipped
+    with_step(out, step_settings(batch).but(allow_empty_minibatches=True))
     return out
 
 

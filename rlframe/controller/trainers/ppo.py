@@ -46,6 +46,7 @@ from rlframe.controller.lifecycle.tracking import Tracker, format_console, progr
 from rlframe.controller.trainers.validation import validate
 from rlframe.single_controller.worker_group import record_calls
 from rlframe.data.dataloader import to_dataproto
+from rlframe.protocol.step import STEP_KEY, StepSettings
 from rlframe.protocol import DataProto
 from rlframe.rewards.manager import RewardManager
 from rlframe.rewards.registry import RewardFnSpec
@@ -86,6 +87,7 @@ class PPOTrainer:
         self.step = 0
         self._last_save, self._save_s = time.monotonic(), 0.0  # when the last checkpoint ended; how long it took
         self.saved: Path | None = None  # the checkpoint of this run last written or resumed from
+        self.resumed_from: Path | None = None
         self.observer = None  # rlframe preflight's checks (controller/preflight), when it runs this trainer
         self.pipeline = None  # made after resume (asynchronous rollouts, trainer.max_staleness > 0)
         self.stream_state = None  # streaming rollouts: the pool a resumed checkpoint holds
@@ -217,9 +219,10 @@ class PPOTrainer:
 
     # ---- phases --------------------------------------------------------------------------------
     def step_meta(self, **extra) -> dict:
-        """What every worker call on this step's batch reads from `meta_info`: the step (mini-batch
-        shuffling) and the rollout's sampling temperature (log-probs are of logits / T)."""
-        return {"global_step": self.step, "temperature": self.cfg.rollout.temperature, **extra}
+        """The `meta_info` of this step's batch: its StepSettings (rlframe/protocol/step.py), which every
+        worker call on it reads: the step (mini-batch shuffling) and the rollout's sampling temperature
+        (log-probs are of logits / T), with `extra` (on_policy)."""
+        return {STEP_KEY: StepSettings(global_step=self.step, temperature=self.cfg.rollout.temperature, **extra)}
 
     def next_rollout(self) -> tuple[DataProto, dict]:
         """This step's batch: generated now by the current weights (synchronous), or earlier by weights
@@ -432,7 +435,7 @@ class PPOTrainer:
             self.partial.load_state_dict(state.get("partial_rollouts", {"started": 0, "completed_first": 0, "pool": []}))
         self.stream_state = state.get("stream_rollouts")
         self.step = int(state["step"])
-        self.saved = path
+        self.saved = self.resumed_from = path
         self.tracker.resume_history(self.step)
         print(f"resumed from {path} at step {self.step}", flush=True)
         if self.step >= self.cfg.trainer.total_steps:

@@ -17,6 +17,7 @@ from rlframe.controller.trainers.ppo import PPOTrainer
 from rlframe.protocol import DataProto
 from rlframe.utils.masks import position_ids_from_mask
 from rlframe.utils.timing import timed
+from rlframe.protocol.step import STEP_KEY, StepSettings
 
 
 class SFTTrainer(PPOTrainer):
@@ -24,7 +25,7 @@ class SFTTrainer(PPOTrainer):
         t: dict[str, float] = {}
         with timed(t, "step"):
             batch = self.with_targets(self.next_prompts())
-            batch.meta_info = {"global_step": self.step}
+            batch.meta_info = {STEP_KEY: StepSettings(global_step=self.step)}  # nothing sampled: no temperature
             with timed(t, "update_actor"):
                 m = gathered(self.roles.actor.update_sft(batch))
         return {**m, **t, **throughput(batch, step_time=t["timing_s/step"], world_size=self.roles.actor.world_size)}

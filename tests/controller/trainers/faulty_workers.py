@@ -6,6 +6,7 @@ from pathlib import Path
 
 from rlframe.single_controller import Dispatch, register
 from rlframe.workers.actor import ActorWorker
+from rlframe.protocol.step import step_settings
 
 
 class NonFiniteLossActor(ActorWorker):
@@ -41,7 +42,7 @@ class KilledOnceActor(ActorWorker):
 
     def run_epochs(self, data, loss_fn, **kwargs):  # inside update_actor, mid-step
         run_dir = getattr(self, "_run_dir", None)
-        if run_dir is not None and self.rank == 1 and int(data.meta_info.get("global_step", 0)) == self.KILL_STEP:
+        if run_dir is not None and self.rank == 1 and step_settings(data).global_step == self.KILL_STEP:
             marker = run_dir / "killed-once"
             if not marker.exists():
                 marker.write_text(str(os.getpid()))
@@ -72,7 +73,7 @@ class NodeLostOnceActor(KilledOnceActor):
 
         run_dir = getattr(self, "_run_dir", None)
         if (run_dir is not None and socket.gethostname() != self.HEAD_HOST
-                and int(data.meta_info.get("global_step", 0)) == self.KILL_STEP):
+                and step_settings(data).global_step == self.KILL_STEP):
             marker = run_dir / "node-lost-once"
             if not marker.exists():
                 marker.write_text(socket.gethostname())

@@ -9,6 +9,7 @@ import torch
 from rlframe.config import load_config
 from rlframe.controller.trainers import phases
 from rlframe.protocol import DataProto
+from rlframe.protocol.step import StepSettings, step_settings, with_step
 
 ASYNC = ["resources.placement=split", "trainer.max_staleness=1"]
 
@@ -55,13 +56,14 @@ def test_which_old_log_probs_the_update_needs():
 def test_the_actor_alone_gets_the_kept_mask():
     cfg = _cfg("icepop", **{"algorithm.mask_low": 0.4, "algorithm.mask_high": 4.0})
     batch, m = phases.off_policy_correction(_batch(), cfg=cfg)
+    with_step(batch, StepSettings(global_step=3, temperature=0.7))
     full = batch.batch["response_mask"].clone()
     actor = phases.for_actor(batch)
     # ratios [1, 5, 0.5] and [0.25, 3]: 5 and 0.25 are outside [0.4, 4]
     assert actor.batch["response_mask"].tolist() == [[1, 0, 1], [0, 1, 0]]
-    assert actor.meta_info[phases.rollout_correction.CORRECTION_MASKED] is True
+    assert step_settings(actor) == StepSettings(global_step=3, temperature=0.7, allow_empty_minibatches=True)
     assert torch.equal(batch.batch["response_mask"], full)  # the critic, metrics and dumps keep every token
-    assert phases.rollout_correction.CORRECTION_MASKED not in batch.meta_info
+    assert not step_settings(batch).allow_empty_minibatches
     assert torch.equal(actor.batch["advantages"], batch.batch["advantages"])
     assert m["async/masked_token_frac"] == pytest.approx(2 / 5)
     tis, _ = phases.off_policy_correction(_batch(), cfg=_cfg("tis"))
