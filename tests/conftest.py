@@ -67,3 +67,33 @@ def zygote_for_subprocess_runs(worker_zygote):
             mp.setenv(key, value)
         yield
 
+
+
+def _skip_reason(report) -> str:
+    longrepr = report.longrepr
+    if isinstance(longrepr, tuple) and len(longrepr) == 3:
+        return str(longrepr[2])
+    return str(longrepr)
+
+
+def _refuse_unlisted_or_ci_skip(report) -> None:
+    """A skip tests/skips.py does not list, or one CI must not have under CI=true, becomes a failure."""
+    from tests.skips import refusal
+
+    if not report.skipped or hasattr(report, "wasxfail"):
+        return
+    why = refusal(_skip_reason(report), ci=os.environ.get("CI", "").lower() == "true")
+    if why is not None:
+        report.outcome, report.longrepr = "failed", why
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    _refuse_unlisted_or_ci_skip(outcome.get_result())
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_make_collect_report(collector):
+    outcome = yield
+    _refuse_unlisted_or_ci_skip(outcome.get_result())

@@ -12,8 +12,8 @@ from rlframe.workers.trained_role import TrainedRole
 
 class CriticWorker(TrainedRole):
     def __init__(self, *, model_path: str, critic: TrainRoleConfig, loss_agg_mode: str, total_steps: int,
-                 seed: int = 0):
-        self.cfg, self.loss_agg_mode = critic, loss_agg_mode
+                 seed: int = 0, loss_scale_factor: float | None = None):
+        self.cfg, self.loss_agg_mode, self.loss_scale_factor = critic, loss_agg_mode, loss_scale_factor
         self.engine = build_train_engine(critic, model_path=model_path, head="value", total_steps=total_steps, seed=seed)
         self.set_mesh(train_mesh(critic))
 
@@ -27,6 +27,7 @@ class CriticWorker(TrainedRole):
 
     @register(dispatch=Dispatch.DP_COMPUTE)
     def update_critic(self, data: DataProto) -> DataProto:
-        loss_fn = critic_loss_fn(cliprange_value=self.cfg.cliprange_value, loss_agg_mode=self.loss_agg_mode)
+        loss_fn = critic_loss_fn(cliprange_value=self.cfg.cliprange_value, loss_agg_mode=self.loss_agg_mode,
+                                 loss_scale_factor=self.loss_scale_factor)
         return self.run_epochs(data, loss_fn, prefix="critic", loss_weighting=RL_LOSS_WEIGHTING,
                                seed_salt=7)

@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 
 from rlframe.algos.preference import make_preference_pairs
-from rlframe.controller.trainers.metrics import gathered, throughput
+from rlframe.controller.trainers.metrics import batch_metrics, gathered, throughput
 from rlframe.controller.trainers.ppo import PPOTrainer
 from rlframe.utils.timing import timed
 
@@ -48,8 +48,8 @@ class OnlineDPOTrainer(PPOTrainer):
             with timed(t, "update_actor"):
                 m.update(gathered(self.roles.actor.update_actor_pairs(pairs)))
         t["timing_s/update_weights"] = gen_m.pop("timing_s/update_weights", 0.0)
-        m.update({**gen_m, **reward_m, **t, "critic/score/mean": float(scores.mean()),
-                  "response_length/mean": float(batch.batch["response_mask"].sum(-1).float().mean()),
+        m.update({**gen_m, **reward_m, **t,  # the scored batch's, before pairing
+                  **batch_metrics(batch, response_length=self.cfg.data.response_length, end_ids=self.end_ids),
                   **throughput(batch, step_time=t["timing_s/step"], world_size=self.roles.actor.world_size)})
         return m
 

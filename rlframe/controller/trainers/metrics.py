@@ -25,8 +25,9 @@ def ended_and_cut(batch, *, response_length: int, end_ids) -> tuple[torch.Tensor
 
 
 def batch_metrics(batch, *, response_length: int, end_ids) -> dict[str, float]:
-    """`response_length/clip_ratio` is the fraction of rows cut off: at the length limit without an
-    end id as their last token (ended_and_cut)."""
+    """The batch's scores, lengths and (where it has them) rewards, advantages, returns and values
+    (docs/metrics.md). `response_length/clip_ratio` is the fraction of rows cut off: at the length
+    limit without an end id as their last token (ended_and_cut)."""
     b = batch.batch
     mask = b["response_mask"].bool()
     resp_len = mask.sum(-1).float()
@@ -35,14 +36,14 @@ def batch_metrics(batch, *, response_length: int, end_ids) -> dict[str, float]:
     valid = mask.any(-1)
     out = {
         **_stats("critic/score", b["token_level_scores"].sum(-1)),
-        **_stats("critic/rewards", b["token_level_rewards"].sum(-1)),
-        **_stats("critic/advantages", b["advantages"][mask]),
-        **_stats("critic/returns", b["returns"][mask]),
         **_stats("response_length", resp_len),
         **_stats("prompt_length", prompt_len),
         "response_length/clip_ratio": cut.float().mean().item(),
         "response_length/empty_ratio": (~valid).float().mean().item(),
     }
+    if "token_level_rewards" in b.keys():  # the PPO family's advantages phase made them (not online DPO)
+        out.update({**_stats("critic/rewards", b["token_level_rewards"].sum(-1)),
+                    **_stats("critic/advantages", b["advantages"][mask]), **_stats("critic/returns", b["returns"][mask])})
     if "values" in b.keys():
         out.update(_stats("critic/values", b["values"][mask]))
     return out

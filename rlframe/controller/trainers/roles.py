@@ -143,7 +143,8 @@ def role_specs(cfg: RunConfig, *, actor_path: str, critic_path: str) -> dict[str
     if cfg.uses_critic:
         specs["critic"] = RoleSpec(worker_class(cfg.critic.worker_cls, CriticWorker), kwargs=dict(
             model_path=critic_path, critic=cfg.critic, loss_agg_mode=cfg.algorithm.loss_agg_mode or "token-mean",
-            total_steps=optimizer_steps(cfg, cfg.critic), seed=cfg.trainer.seed))
+            loss_scale_factor=algorithm.loss_scale_factor, total_steps=optimizer_steps(cfg, cfg.critic),
+            seed=cfg.trainer.seed))
     # with LoRA the actor is its own reference (adapters off): no second copy of the weights
     if has_reference_group(cfg):
         specs["ref"] = RoleSpec(ReferenceWorker, kwargs=dict(model_path=actor_path, layout=cfg.actor,

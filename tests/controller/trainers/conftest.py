@@ -11,7 +11,10 @@ class Recorder:
     """Keeps each step's batch (as the update gets it) and metrics, and what they need to be checked."""
 
     def __init__(self):
-        self.steps, self.batch = [], None
+        self.steps, self.batch, self.scored, self.scored_batches = [], None, None, []
+
+    def after_score(self, batch):
+        self.scored = batch
 
     def before_update(self, trainer, batch):
         self.tokenizer, self.end_ids, self.cfg = trainer.tokenizer, end_of_sequence_ids(trainer.tokenizer,
@@ -21,6 +24,7 @@ class Recorder:
     def after_step(self, trainer, metrics):
         if self.batch is not None:  # a step with no update (SFT's, a DPO step with every pair tied) has none
             self.steps.append((self.batch, dict(metrics)))
+            self.scored_batches.append(self.scored)  # the step's last scored batch (online DPO's before pairing)
         self.batch = None
 
 
@@ -29,6 +33,11 @@ def observed(trainer_cls, observer):
         def __init__(self, *args, **kwargs):
             super().__init__(*args, **kwargs)
             self.observer = observer
+
+        def score(self, batch):
+            out = super().score(batch)
+            observer.after_score(out[0])
+            return out
 
     return Observed
 

@@ -1,7 +1,8 @@
 """Every batch metric a step logs equals its definition in docs/metrics.md, recomputed here in plain
 PyTorch from the batch the update received (a test observer on the trainer; real Ray, workers and
 vLLM), in three of test_end_to_end.py's runs: PPO with a critic and the KL in the reward (adaptive
-coefficient), GRPO with DAPO's length shaping and dynamic sampling, and online DPO. The rewards are
+coefficient), GRPO with DAPO's length shaping and dynamic sampling, and online DPO (its metrics are
+of the scored batch, before pairing; its pairs are checked on the batch its update gets). The rewards are
 recomputed by calling the reward function on the decoded responses, independently of the run's
 reward manager."""
 
@@ -84,16 +85,16 @@ def definitions(rec, batch) -> dict[str, float]:
 def test_logged_metrics_equal_their_definitions(recorded):
     name, rec = recorded
     checked = set()
-    for batch, logged in rec.steps:
-        want = definitions(rec, batch)
-        assert want.pop("_score_is_shaped_reward") == 1.0, "critic/score is not the reward plus its shaping"
-        if name == "online_dpo":  # its batch metrics are of the scored batch, before pairing: check the pairs
+    for (batch, logged), scored in zip(rec.steps, rec.scored_batches):
+        if name == "online_dpo":  # the update gets pairs; the batch metrics are of the scored batch before pairing
             uids = list(batch.non_tensor_batch["uid"])
             s = batch.batch["token_level_scores"].sum(-1)
             assert all(uids[i] == uids[i + 1] and s[i] > s[i + 1] for i in range(0, len(uids), 2))
             assert logged["dpo/pairs"] == len(set(uids))
             checked.add("dpo/pairs")
-            continue
+            batch = scored
+        want = definitions(rec, batch)
+        assert want.pop("_score_is_shaped_reward") == 1.0, "critic/score is not the reward plus its shaping"
         if "actor/kl_coef" in logged:  # the coefficient this step's rewards used, not the controller's next one
             assert logged["actor/kl_coef"] == logged["actor/reward_kl_penalty_coeff"], logged
             checked.add("actor/kl_coef")
@@ -101,7 +102,7 @@ def test_logged_metrics_equal_their_definitions(recorded):
             assert key in logged, f"{name}: {key} is defined but not logged"
             assert math.isclose(logged[key], value, rel_tol=1e-5, abs_tol=1e-6), (name, key, logged[key], value)
             checked.add(key)
-    assert len(checked) >= (1 if name == "online_dpo" else 20), sorted(checked)
+    assert len(checked) >= (15 if name == "online_dpo" else 20), sorted(checked)
     if name == "ppo":  # the adaptive controller moved between the steps, and the actor away from the reference:
         # the checks above are not vacuous
         assert rec.steps[0][1]["actor/kl_coef"] != rec.steps[1][1]["actor/kl_coef"]
