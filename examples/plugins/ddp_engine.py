@@ -29,8 +29,7 @@ import torch.distributed as dist
 from rlframe.plugins import EngineSpec, register_train_engine
 from rlframe.workers.engines.fsdp import spec as fsdp_spec
 from rlframe.workers.engines.fsdp.engine import FSDPTrainEngine
-from rlframe.workers.engines.fsdp.modeling import cpu_attention, empty_model, resolve_attn_implementation
-from rlframe.workers.engines.fsdp.parallelize import apply_activation_checkpointing, decoder_layers
+from rlframe.workers.engines.fsdp.parallelize import apply_activation_checkpointing
 from rlframe.workers.engines.fsdp.sharded_load import load_shards
 
 
@@ -49,18 +48,7 @@ class DDPTrainEngine(FSDPTrainEngine):
         """The model on the meta device (LoRA adapters injected there), then every parameter allocated
         whole on this rank and filled from the checkpoint, as the fsdp engine's load fills its shards."""
         cfg = self.config
-        attn = resolve_attn_implementation(cfg.attn_implementation, on_gpu=self.device.type == "cuda")
-        if self.device.type == "cpu":
-            attn = cpu_attention(attn, compute_dtype=self.compute_dtype)
-        model = empty_model(cfg.model_path, head=cfg.head, attn_implementation=attn)
-        decoder_layers(model)  # fails early on an unsupported architecture
-        self.lora = cfg.lora
-        if self.lora is not None:
-            from rlframe.workers.engines.lora import inject_lora
-            from rlframe.workers.engines.value_head import VALUE_HEAD
-
-            inject_lora(model, self.lora, seed=cfg.seed,
-                        trainable_prefixes=tuple(VALUE_HEAD) if cfg.head == "value" else ())
+        model = self._model_on_meta()
         if cfg.activation_checkpointing:
             apply_activation_checkpointing(model)
         load_shards(model, model_path=cfg.model_path, device=self.device, seed=cfg.seed)

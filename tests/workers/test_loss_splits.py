@@ -33,16 +33,17 @@ def _split(rng: random.Random, rows: int) -> list[list[list[int]]]:
     order = list(range(rows))
     rng.shuffle(order)
     cuts = sorted(rng.sample(range(1, rows), rng.randint(0, min(2, rows - 1))))
-    shards = [order[a:b] for a, b in zip([0] + cuts, cuts + [rows])]
-    out = []
-    for shard in shards:
-        mbs, i = [], 0
-        while i < len(shard):
-            k = rng.randint(1, len(shard) - i)
-            mbs.append(shard[i:i + k])
-            i += k
-        out.append(mbs)
-    return out
+    return [_micro_batches(rng, order[a:b]) for a, b in zip([0] + cuts, cuts + [rows])]
+
+
+def _micro_batches(rng: random.Random, shard: list[int]) -> list[list[int]]:
+    """`shard` cut into consecutive micro-batches of random sizes."""
+    mbs, i = [], 0
+    while i < len(shard):
+        k = rng.randint(1, len(shard) - i)
+        mbs.append(shard[i:i + k])
+        i += k
+    return mbs
 
 
 def _outputs(rows: int, seed: int) -> dict[str, torch.Tensor]:
@@ -106,15 +107,7 @@ def _dp_split(rng: random.Random, rows: int, world: int) -> list[list[list[int]]
     order = list(range(rows))
     rng.shuffle(order)
     cuts = sorted(rng.sample(range(1, rows), world - 1))
-    out = []
-    for shard in (order[a:b] for a, b in zip([0] + cuts, cuts + [rows])):
-        mbs, i = [], 0
-        while i < len(shard):
-            k = rng.randint(1, len(shard) - i)
-            mbs.append(shard[i:i + k])
-            i += k
-        out.append(mbs)
-    return out
+    return [_micro_batches(rng, order[a:b]) for a, b in zip([0] + cuts, cuts + [rows])]
 
 
 def _rank_errors(rank: int, world: int, seeds) -> dict[str, float]:

@@ -99,6 +99,24 @@ class FSDPTrainEngine(BatchedForward, TrainEngine):
         then storage for this rank's shards only, filled from the checkpoint (fsdp/sharded_load.py):
         no rank ever holds the whole model."""
         cfg = self.config
+        model = self._model_on_meta()
+        if cfg.tp > 1:
+            apply_tensor_parallel(model, self.mesh["tp"], head=cfg.head)
+        if cfg.activation_checkpointing:
+            apply_activation_checkpointing(model)
+        apply_fsdp(model, self.fsdp_mesh, mixed_precision=self.mixed_precision,
+                   reshard_after_forward=not self.gather_once)
+        load_shards(model, model_path=cfg.model_path, device=self.device, seed=cfg.seed)
+        self.shm_collectives = (self.device.type == "cpu" and cfg.shm_collectives is not False
+                                and shm_comm.install(model, self.fsdp_mesh.get_group()))
+        self.pad_token_id = int(model.config.pad_token_id or 0)
+        self.vocab_size = int(model.config.vocab_size)
+        return model
+
+    def _model_on_meta(self):
+        """The whole model on the meta device with its attention implementation, LoRA adapters injected
+        (self.lora), before any parallelism is applied."""
+        cfg = self.config
         attn = resolve_attn_implementation(cfg.attn_implementation, on_gpu=self.device.type == "cuda")
         if self.device.type == "cpu":
             attn = cpu_attention(attn, compute_dtype=self.compute_dtype)
@@ -113,17 +131,6 @@ class FSDPTrainEngine(BatchedForward, TrainEngine):
 
             inject_lora(model, self.lora, seed=cfg.seed,
                         trainable_prefixes=tuple(VALUE_HEAD) if cfg.head == "value" else ())
-        if cfg.tp > 1:
-            apply_tensor_parallel(model, self.mesh["tp"], head=cfg.head)
-        if cfg.activation_checkpointing:
-            apply_activation_checkpointing(model)
-        apply_fsdp(model, self.fsdp_mesh, mixed_precision=self.mixed_precision,
-                   reshard_after_forward=not self.gather_once)
-        load_shards(model, model_path=cfg.model_path, device=self.device, seed=cfg.seed)
-        self.shm_collectives = (self.device.type == "cpu" and cfg.shm_collectives is not False
-                                and shm_comm.install(model, self.fsdp_mesh.get_group()))
-        self.pad_token_id = int(model.config.pad_token_id or 0)
-        self.vocab_size = int(model.config.vocab_size)
         return model
 
     # ---- forward -------------------------------------------------------------------------
