@@ -1,10 +1,16 @@
-"""`rlframe export`: engine checkpoints of every layout -> HF directories transformers and vLLM load.
+"""`rlframe export`: engine checkpoints of every layout -> HF directories transformers and vLLM load,
+each compared with the live training engine that wrote it.
 
-One spawn of 2 gloo ranks trains one step and saves a checkpoint (plus the engine's own `export_hf`,
-the reference) for fsdp dp2, fsdp tp2, fsdp dp2 with LoRA, and megatron pp2, all from the "demo"
-preset (head_dim 32, which vLLM's CPU attention takes). The export then runs here, in the test
-process, without a process group: its weights must equal the engine's export bit for bit, and
-transformers and vLLM must load it and give the same greedy outputs. A damaged checkpoint is refused.
+One spawn of 4 gloo ranks, all from the "demo" preset (head_dim 32, which vLLM's CPU attention takes):
+fsdp dp2, fsdp tp2 and fsdp dp2 with LoRA (on ranks 0-1; ranks 2-3 hold an idle replica of each
+mesh), megatron dp2 x pp2 and megatron tp2 x pp2 (all 4 ranks). Each engine trains one step, so its
+weights are no longer the model's, then computes the log-probs of a fixed batch at temperature 0.7
+(the truth), saves a checkpoint and writes its own `export_hf`. Here, in the test process and without
+a process group, `rlframe export` writes each checkpoint as an HF directory (LoRA: merged, and as
+PEFT's adapter directory); plain transformers (PEFT on the base model for the adapters) must give
+the live engine's log-probs within 1e-5 (fp32), for `rlframe export` and for the engine's own export
+alike, while the engine's log-probs differ from the untrained model's by far more. vLLM must load the
+exports and give transformers' greedy outputs. A damaged checkpoint is refused.
 """
 
 from __future__ import annotations
@@ -13,47 +19,73 @@ import json
 import os
 import shutil
 
+import numpy as np
 import pytest
 import torch
-from safetensors.torch import load_file
 
 from rlframe.cli import main as cli
 from rlframe.utils.spawn import run_distributed
 
-LAYOUTS = ("fsdp_dp2", "fsdp_tp2", "megatron_pp2", "lora")
+FSDP_LAYOUTS = ("fsdp_dp2", "fsdp_tp2", "lora")
+MEGATRON_LAYOUTS = ("megatron_dp2_pp2", "megatron_tp2_pp2")
+LAYOUTS = FSDP_LAYOUTS + MEGATRON_LAYOUTS
+VLLM_LAYOUTS = ("fsdp_dp2", "fsdp_tp2", "lora", "megatron_dp2_pp2")  # tp2 x pp2 writes the same format
+WORLD = 4
+TEMPERATURE = 0.7  # not 1: a log-prob at the wrong temperature would not pass
+TOL = 1e-5  # fp32
+MOVED = 1e-3  # one step moves the log-probs by more than this (the check has power)
+
+
+def _eval_batch():
+    from tests.workers.engines.reference import make_batch
+
+    return make_batch(vocab=100, seed=7)
 
 
 def _make_checkpoints(rank, world, model_path, root):
-    """Returns, per layout, how many full tensors this rank handed to the HF export."""
+    """Per layout, how many full tensors this rank handed to the engine's HF export, and the live
+    engine's log-probs of the eval batch after its training step (None where the rank has none)."""
     from rlframe.workers.engines import checkpoint as ckpt
     from tests.workers.engines.reference import dp_slice, engine_on_mesh, make_batch, sft_loss
 
-    held, write = {}, ckpt.export_hf
+    held, live, write = {}, {}, ckpt.export_hf
 
     def counting_export(engine, path, *, full, **kw):
         held[os.path.basename(os.path.dirname(path))] = len(full)
         return write(engine, path, full=full, **kw)
 
     ckpt.export_hf = counting_export
-    batch = make_batch(vocab=100, seed=1)
+    batch, ev = make_batch(vocab=100, seed=1), _eval_batch()
+
+    def train_save_export(engine, name, share):
+        engine.train_step(sft_loss, share)  # weights (LoRA's B) move off the start
+        out = engine.forward_log_probs(ev, temperature=TEMPERATURE)  # every rank the whole batch
+        live[name] = None if out is None else out["log_probs"].numpy()
+        engine.save_checkpoint(f"{root}/{name}/step_000001/actor")
+        engine.export_hf(f"{root}/{name}/hf_actor")
+
     for name, dp, tp, extra in (("fsdp_dp2", 2, 1, {}), ("fsdp_tp2", 1, 2, {}),
                                 ("lora", 2, 1, dict(lora_rank=4, lora_alpha=8.0))):
         engine = engine_on_mesh(model_path, dp=dp, tp=tp, world=world, lr=1e-2, micro_batch_size=2, **extra)
-        engine.train_step(sft_loss, dp_slice(batch, engine)[0])  # weights (LoRA's B) move off the start
-        engine.save_checkpoint(f"{root}/{name}/step_000001/actor")
-        engine.export_hf(f"{root}/{name}/hf_actor")
+        if rank < dp * tp:  # the first replica; the other one only takes part in building the meshes
+            train_save_export(engine, name, dp_slice(batch, engine)[0])
+        del engine
     try:
-        import megatron.core  # noqa: F401
+        from megatron.core import parallel_state
     except ImportError:
-        return held
+        return {"held": held, "live": live}
     from rlframe.workers.engines import TrainEngineConfig, get_train_engine
 
-    engine = get_train_engine("megatron")(TrainEngineConfig(model_path=model_path, head="lm", pp=2, lr=1e-2,
-                                                            micro_batch_size=2))
-    engine.train_step(sft_loss, batch)
-    engine.save_checkpoint(f"{root}/megatron_pp2/step_000001/actor")
-    engine.export_hf(f"{root}/megatron_pp2/hf_actor")
-    return held
+    for name, tp, pp in (("megatron_dp2_pp2", 1, 2), ("megatron_tp2_pp2", 2, 2)):
+        if parallel_state.model_parallel_is_initialized():
+            parallel_state.destroy_model_parallel()  # one megatron layout after the other in this process
+        dp = world // (tp * pp)
+        engine = get_train_engine("megatron")(TrainEngineConfig(model_path=model_path, head="lm", tp=tp, pp=pp,
+                                                                dp=dp, lr=1e-2, micro_batch_size=2))
+        n, d = len(batch["input_ids"]) // dp, engine.layout()["dp_rank"]
+        train_save_export(engine, name, {k: v[d * n:(d + 1) * n] for k, v in batch.items()})
+        del engine
+    return {"held": held, "live": live}
 
 
 @pytest.fixture(scope="module")
@@ -62,15 +94,29 @@ def checkpoints(tmp_path_factory):
 
     root = tmp_path_factory.mktemp("export")
     model_path = str(build_random_model(root / "model", preset="demo", seed=0))
-    held = run_distributed(_make_checkpoints, world_size=2, args=(model_path, str(root)), timeout_s=600)
-    (root / "export_held.json").write_text(json.dumps(held))
+    ranks = run_distributed(_make_checkpoints, world_size=WORLD, args=(model_path, str(root)), timeout_s=600)
+    (root / "export_held.json").write_text(json.dumps([r["held"] for r in ranks]))
+    live = {}
+    for r in ranks:
+        for name, lp in r["live"].items():
+            if lp is not None:
+                live.setdefault(name, lp)
+    np.savez(root / "live_log_probs.npz", **live)
     return root
 
 
+@pytest.fixture(scope="module")
+def live(checkpoints):
+    """{layout: the training engine's log-probs (B, R) of the eval batch, after its step}."""
+    with np.load(checkpoints / "live_log_probs.npz") as f:
+        return {k: torch.from_numpy(f[k]) for k in f.files}
+
+
 def test_export_gathers_the_full_model_on_the_writing_rank_alone(checkpoints):
-    writer, other = json.loads((checkpoints / "export_held.json").read_text())
-    assert set(writer) - {"megatron_pp2"} == {"fsdp_dp2", "fsdp_tp2", "lora"} and all(n > 0 for n in writer.values())
-    assert other == dict.fromkeys(writer, 0)
+    writer, *others = json.loads((checkpoints / "export_held.json").read_text())
+    assert set(FSDP_LAYOUTS) <= set(writer) and all(n > 0 for n in writer.values()), writer
+    assert others[0] == dict.fromkeys(writer, 0)  # rank 1 took part in every export and received nothing
+    assert all(n == 0 for held in others for n in held.values()), others
 
 
 @pytest.fixture(scope="module")
@@ -89,43 +135,63 @@ def exported(checkpoints):
 
 def _layout(exported, name):
     if name not in exported:
-        pytest.skip(f"{name}: megatron-core is not installed")
+        pytest.skip(f"megatron-core is not installed ({name})")
     return exported[name]
 
 
+def _log_probs(model) -> torch.Tensor:
+    from tests.workers.engines.reference import reference_outputs
+
+    with torch.no_grad():
+        return reference_outputs(model.eval(), _eval_batch(), head="lm", temperature=TEMPERATURE)["log_probs"]
+
+
+def _hf_log_probs(path) -> torch.Tensor:
+    """Plain transformers in fp32: log_softmax(logits / T) at the responses."""
+    from tests.workers.engines.reference import build_reference
+
+    return _log_probs(build_reference(str(path), head="lm"))
+
+
+def _diff(a, b) -> float:
+    from tests.workers.engines.reference import max_abs_diff
+
+    return max_abs_diff(a, b, _eval_batch()["response_mask"])
+
+
+@pytest.fixture(scope="module")
+def untrained(checkpoints):
+    return _hf_log_probs(checkpoints / "model")
+
+
+@pytest.mark.parametrize("writer", ["rlframe_export", "engine_export_hf"])
 @pytest.mark.parametrize("name", LAYOUTS)
-def test_export_equals_the_engines_own_hf_export(checkpoints, exported, name):
+def test_export_gives_the_live_engines_log_probs(checkpoints, exported, live, untrained, name, writer):
     out = _layout(exported, name)
-    ref = checkpoints / name / "hf_actor"
-    got, want = load_file(out / "model.safetensors"), load_file(ref / "model.safetensors")
-    assert got.keys() == want.keys()
-    assert all(torch.equal(got[k], want[k]) for k in want), [k for k in want if not torch.equal(got[k], want[k])]
-    assert json.loads((out / "config.json").read_text()) == json.loads((ref / "config.json").read_text())
-    for f in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):
+    if writer == "engine_export_hf":
+        out = checkpoints / name / "hf_actor"
+    assert _diff(live[name], untrained) > MOVED, "the engine's step did not move its log-probs"
+    err = _diff(_hf_log_probs(out), live[name])
+    assert err < TOL, f"{name} ({writer}): transformers on the export is {err:.2e} off the live engine"
+    for f in ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
+              "generation_config.json"):
         assert (out / f).is_file(), f
-    base = load_file(checkpoints / "model" / "model.safetensors")
-    assert any(not torch.equal(got[k], base[k]) for k in base)  # the trained weights, not the start
 
 
-def test_lora_adapter_directory_loads_in_peft(checkpoints, exported):
-    """Without --merge-lora: PEFT's adapter directory, equal to the engine's and to the merged export."""
+def test_lora_adapter_directory_gives_the_live_engines_log_probs_in_peft(checkpoints, live, untrained):
+    """Without --merge-lora: PEFT's adapter directory on the base model computes the live LoRA engine
+    (for `rlframe export` and for the engine's own adapter directory)."""
     peft = pytest.importorskip("peft")
-    from transformers import AutoModelForCausalLM
+    from tests.workers.engines.reference import build_reference
 
-    merged = exported["lora"]
     adapter = checkpoints / "exported" / "lora_adapter"
     assert cli(["export", str(checkpoints / "lora" / "step_000001" / "actor"), str(adapter)]) == 0
-    ref = checkpoints / "lora" / "hf_actor" / "adapter"
-    got, want = load_file(adapter / "adapter_model.safetensors"), load_file(ref / "adapter_model.safetensors")
-    assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in want)
-    assert json.loads((adapter / "adapter_config.json").read_text()) == json.loads(
-        (ref / "adapter_config.json").read_text())
-    ids = torch.tensor([[5, 17, 3, 9, 22, 41, 8]])
-    with torch.no_grad():
-        base = AutoModelForCausalLM.from_pretrained(checkpoints / "model", dtype=torch.float32)
-        peft_logits = peft.PeftModel.from_pretrained(base, str(adapter)).eval()(ids).logits
-        merged_logits = AutoModelForCausalLM.from_pretrained(merged, dtype=torch.float32).eval()(ids).logits
-    assert (peft_logits - merged_logits).abs().max() < 1e-4
+    assert _diff(live["lora"], untrained) > MOVED
+    for path in (adapter, checkpoints / "lora" / "hf_actor" / "adapter"):
+        assert {"adapter_model.safetensors", "adapter_config.json"} <= {p.name for p in path.iterdir()}
+        model = peft.PeftModel.from_pretrained(build_reference(str(checkpoints / "model"), head="lm"), str(path))
+        err = _diff(_log_probs(model), live["lora"])
+        assert err < TOL, f"PEFT on {path} is {err:.2e} off the live engine"
 
 
 @pytest.mark.vllm
@@ -138,6 +204,8 @@ def test_transformers_and_vllm_load_each_export_with_equal_greedy_outputs(export
 
     greedy = SamplingConfig(temperature=0.0, max_new_tokens=12)
     for name, path in exported.items():
+        if name not in VLLM_LAYOUTS:
+            continue
         hf = HFRolloutEngine(str(path), config=RolloutConfig(backend="hf"))
         prompts = prompt_batch(hf.tokenizer, 8)
         want = hf.generate(prompts, greedy).batch
@@ -177,36 +245,3 @@ def test_usage_errors_exit_2(checkpoints, exported, tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_info:
         cli(["export", step])
     assert exit_info.value.code == 2
-
-
-def test_megatron_tp2_pp2_shards_without_an_engine(tmp_path):
-    """The megatron reader at tp2 x pp2 on shards made with the format conversion itself (no process)."""
-    from rlframe.data.tiny_model import build_random_model
-    from rlframe.export import export_checkpoint
-    from rlframe.resharding.formats import ModelDims, hf_to_megatron
-    from rlframe.resharding.layout import Layout
-    from rlframe.utils import manifest
-    from transformers import AutoConfig
-
-    model = build_random_model(tmp_path / "model", preset="demo", seed=3)
-    dims = ModelDims.from_hf_config(AutoConfig.from_pretrained(model))
-    full = load_file(model / "model.safetensors")
-    ckpt, grid = tmp_path / "ckpt", Layout(tp=2, pp=2, dp=1)
-    for rank in range(grid.size):
-        pp_rank, tp_rank, _ = grid.coords_of(rank)
-        local = {}
-        for name, t in full.items():
-            box = grid.box(name, tuple(t.shape), rank, num_layers=dims.num_layers)
-            if box is not None:
-                local[name] = t[box.slices()].clone()
-        sub = ckpt / f"mp_{tp_rank:02d}_{pp_rank:03d}"
-        sub.mkdir(parents=True)
-        meg = hf_to_megatron(local, dims=dims, tp=2, pp=2, pp_rank=pp_rank, spec="local")
-        torch.save({**meg, "output_layer._extra_state": None} if "output_layer.weight" in meg else meg,
-                   sub / "model.pt")
-    (ckpt / "layout.json").write_text(json.dumps({"backend": "megatron", "head": "lm", "dp": 1, "tp": 2, "pp": 2,
-                                                  "model_path": str(model)}))
-    manifest.write_manifest(ckpt)
-    export_checkpoint(ckpt, tmp_path / "out")
-    got = load_file(tmp_path / "out" / "model.safetensors")
-    assert got.keys() == full.keys() and all(torch.equal(got[k], full[k]) for k in full)
