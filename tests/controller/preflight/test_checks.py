@@ -27,6 +27,21 @@ def test_duplicates_against_their_chance():
     assert checks.duplicate_samples(checks.duplicate_counts(sure), temperature=1.0).ok
 
 
+def test_only_the_rare_channel_sees_duplicates_of_unlikely_samples():
+    """In each group a likely answer repeats (by chance) and an unlikely one repeats too (shared seeds):
+    all duplicates together are within chance, those of unlikely samples are not."""
+    likely, unlikely = [[-0.03] * 3] * 2, [[-2.0] * 3] * 2
+    groups = "abcdefgh"
+    batch = _batch([row for g in range(8) for row in
+                   ([5, 6, 7], [5, 6, 7], [8, 9, g], [8, 9, g])], (likely + unlikely) * 8,
+                   [g for g in groups for _ in range(4)])
+    counts = checks.duplicate_counts(batch)
+    assert counts["seen"] <= counts["expected"]  # the overall channel alone would pass
+    assert checks._poisson_tail(int(counts["seen"]), counts["expected"]) >= 1e-3
+    assert counts["seen_rare"] == 8 and counts["expected_rare"] < 0.1
+    assert not checks.duplicate_samples(counts, temperature=1.0).ok
+
+
 def test_group_zero_mean_and_estimators():
     good = _batch([[1]] * 4, [[0.0]] * 4, ["a", "a", "b", "b"], adv=[1.0, -1.0, 0.5, -0.5])
     bad = _batch([[1]] * 4, [[0.0]] * 4, ["a", "b", "a", "b"], adv=[1.0, -1.0, 0.5, -0.5])
@@ -41,6 +56,14 @@ def test_logprob_match_and_same_policy():
     assert all(c.ok for c in checks.logprob_match(a, a + 1e-5, mask, precision="fp32", what="x", cause=""))
     assert not all(c.ok for c in checks.logprob_match(a, a * 1.1, mask, precision="fp32", what="x", cause=""))
     assert checks.same_policy(a, a, mask, precision="fp32", name="ref", cause="").ok
+    # one token far off among many close ones: the mean holds, the max catches it (fp32 and bf16)
+    mask = torch.ones(4, 25)
+    a = torch.full((4, 25), -1.0)
+    for precision, off in (("fp32", 0.1), ("bf16", 0.5)):
+        b = a.clone()
+        b[2, 7] += off
+        mean, worst = checks.logprob_match(a, b, mask, precision=precision, what="x", cause="")
+        assert mean.ok and not worst.ok, (precision, mean.line(), worst.line())
     assert not checks.same_policy(a, a - 0.05, mask, precision="bf16", name="ref", cause="").ok
 
 
