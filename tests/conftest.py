@@ -97,3 +97,37 @@ def pytest_runtest_makereport(item, call):
 def pytest_make_collect_report(collector):
     outcome = yield
     _refuse_unlisted_or_ci_skip(outcome.get_result())
+
+
+@pytest.fixture(autouse=True)
+def _plugins_a_test_registers_do_not_outlive_it():
+    """Registries are process-wide: an estimator, engine, backend or algorithm a test registers (its plugin
+    module imported by `imports:` or directly) is removed after it, and its module forgotten so that the
+    next test importing it registers it again; later tests see the built-ins only, whatever ran before."""
+    import sys
+
+    from rlframe.algos import registry as algos
+    from rlframe.config.algorithms import ALGORITHMS
+    from rlframe.plugins import ROLLOUT_BACKENDS, TRAIN_ENGINES
+
+    specs = [TRAIN_ENGINES, ROLLOUT_BACKENDS]
+    functions = [algos.ADVANTAGE_ESTIMATORS, algos.POLICY_LOSSES, algos.KL_ESTIMATORS, algos.LOSS_AGG_MODES]
+    for registry in specs + functions:
+        registry._load_builtins()
+    before = ({id(r): dict(r._specs) for r in specs}, {id(r): (dict(r._table), dict(r._traits)) for r in functions},
+              dict(ALGORITHMS), set(sys.modules))
+    yield
+    spec_tables, function_tables, algorithms, modules = before
+    changed = any(r._specs != spec_tables[id(r)] for r in specs) or dict(ALGORITHMS) != algorithms or any(
+        r._table != function_tables[id(r)][0] for r in functions)
+    if not changed:
+        return
+    for r in specs:
+        r._specs = dict(spec_tables[id(r)])
+    for r in functions:
+        r._table, r._traits = (dict(t) for t in function_tables[id(r)])
+    ALGORITHMS.clear()
+    ALGORITHMS.update(algorithms)
+    for name in set(sys.modules) - modules:
+        if name.startswith(("examples.", "tests.")):
+            del sys.modules[name]

@@ -29,11 +29,12 @@ from rlframe.workers.common import (
     sync_metrics, train_mesh,
 )
 from rlframe.workers.losses import actor_loss_fn, check_on_policy, dpo_loss_fn, sft_loss_fn
-from rlframe.workers.rollout import SamplingConfig, build_rollout_engine
+from rlframe.workers.rollout import build_rollout_engine
 from rlframe.utils.timing import timed
 from rlframe.workers.trained_role import TrainedRole
 from rlframe.plugins import backend_spec
 from rlframe.workers.weight_plan import split_generation_layout
+from rlframe.workers.rollout.config import sampling_of
 
 
 class ActorWorker(TrainedRole):
@@ -180,8 +181,8 @@ class ActorWorker(TrainedRole):
     @register(dispatch=Dispatch.DP_COMPUTE, mesh="rollout")
     def generate_sequences(self, prompts: DataProto) -> DataProto:
         """Sample responses for this generation replica's prompts; `meta_info["sampling"]` holds
-        the SamplingConfig fields. Returns the rollout batch (n samples per prompt adjacent)."""
-        sampling = SamplingConfig(**prompts.meta_info["sampling"])
+        its SamplingConfig. Returns the rollout batch (n samples per prompt adjacent)."""
+        sampling = sampling_of(prompts)
         timing: dict[str, float] = {}
         self.rollout.wake(("weights",))  # resident before the sync writes them (GPU sleep offloads them)
         with timed(timing, "update_weights"):

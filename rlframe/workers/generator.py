@@ -19,8 +19,9 @@ from rlframe.resharding.layout import Layout
 from rlframe.utils.timing import timed
 from rlframe.workers.common import delta_state, lora_sync_config, rollout_config
 from rlframe.workers.engines.base import precision_dtype
-from rlframe.workers.rollout import SamplingConfig, build_rollout_engine
+from rlframe.workers.rollout import build_rollout_engine
 from rlframe.workers.weight_plan import relay_of, split_generation_layout
+from rlframe.workers.rollout.config import sampling_of
 
 
 class GeneratorWorker(Worker):
@@ -82,7 +83,7 @@ class GeneratorWorker(Worker):
     def generate_sequences(self, prompts: DataProto) -> DataProto:
         """Sample responses for this replica's prompts (`meta_info["sampling"]`), as the actor does
         in the hybrid engine."""
-        sampling = SamplingConfig(**prompts.meta_info["sampling"])
+        sampling = sampling_of(prompts)
         timing: dict[str, float] = {"async/gen_start_unix": time.time()}  # wall clock: overlap with training
         with timed(timing, "gen_local"):
             out = self.rollout.generate(prompts, sampling)

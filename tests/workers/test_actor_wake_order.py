@@ -15,6 +15,7 @@ from rlframe.workers import actor as actor_module
 from rlframe.workers.actor import ActorWorker
 from rlframe.workers.rollout.base import MEMORY_TAGS, RolloutEngine
 from rlframe.workers.rollout.weight_sync import WeightSyncStats
+from rlframe.workers.rollout.config import SamplingConfig
 
 
 class RecordingEngine(RolloutEngine):
@@ -65,7 +66,7 @@ def _actor(engine, *, stale: bool = True, lora: bool = False) -> ActorWorker:
 
 
 PROMPTS = DataProto.from_dict(tensors={"input_ids": torch.ones(2, 3, dtype=torch.long)},
-                              meta_info={"sampling": {"n": 1, "max_new_tokens": 1}})
+                              meta_info={"sampling": SamplingConfig(n=1, max_new_tokens=1)})
 
 
 @pytest.fixture

@@ -39,7 +39,7 @@ def sft_batch(batch: DataProto, token: int) -> DataProto:
 
 def greedy(group, batch: DataProto) -> DataProto:
     gen_in = batch.select(batch_keys=["input_ids", "attention_mask", "position_ids"])
-    gen_in.meta_info = {"sampling": vars(SamplingConfig(n=1, temperature=0.0, max_new_tokens=NEW_TOKENS))}
+    gen_in.meta_info = {"sampling": SamplingConfig(n=1, temperature=0.0, max_new_tokens=NEW_TOKENS)}
     return group.generate_sequences(gen_in)
 
 

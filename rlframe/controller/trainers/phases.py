@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import itertools
 import time
-from dataclasses import asdict
 
 import numpy as np
 import torch
@@ -23,6 +22,7 @@ from rlframe.utils.timing import timed
 from rlframe.workers.rollout import SamplingConfig, logprob_diff_metrics
 from rlframe.workers.rollout.seeds import SEED_KEY, row_seeds
 from rlframe.protocol.step import step_settings, with_step
+from rlframe.workers.rollout.config import SAMPLING_KEY
 
 PROMPT_KEYS = ["input_ids", "attention_mask", "position_ids"]
 
@@ -63,7 +63,7 @@ def launch_generation(roles, prompts: DataProto, *, sampling: SamplingConfig, re
     gen_in = prompts.select(batch_keys=keys)
     if SEED_KEY not in keys and sampling.seed is not None:  # before the split: seeds follow the global row
         gen_in.batch[SEED_KEY] = row_seeds(sampling.seed, rows=len(gen_in), n=sampling.n)
-    gen_in.meta_info = {"sampling": asdict(sampling)}
+    gen_in.meta_info = {SAMPLING_KEY: sampling}  # the SamplingConfig itself: typed across the process boundary
     gen_in, pad = gen_in.pad_to_divisor(replicas)
     return PendingGeneration(prompts, roles.generate_sequences(gen_in, blocking=False, push=push), pad=pad,
                              n=sampling.n)

@@ -54,6 +54,18 @@ class SamplingConfig:
         return self.temperature == 0.0
 
 
+SAMPLING_KEY = "sampling"  # meta_info key of a generation call's SamplingConfig
+
+
+def sampling_of(prompts) -> SamplingConfig:
+    """The SamplingConfig the driver attached to a generation call's prompts (meta_info["sampling"])."""
+    found = prompts.meta_info.get(SAMPLING_KEY)
+    if not isinstance(found, SamplingConfig):
+        raise ValueError(f"the prompts carry no SamplingConfig (meta_info[{SAMPLING_KEY!r}] is {type(found).__name__}): "
+                         "attach the call's SamplingConfig itself, as phases.launch_generation does")
+    return found
+
+
 # KV cache per rank on CPU when none is configured: vLLM's CPU backend has no sleep mode, so this
 # is what its memory stays at (on GPU vLLM sizes the cache from gpu_memory_utilization).
 CPU_KV_CACHE_BYTES = 256 << 20

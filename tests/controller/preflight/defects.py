@@ -17,7 +17,7 @@ from rlframe.single_controller import Dispatch, register
 from rlframe.workers.actor import ActorWorker
 from rlframe.workers.engines.fsdp.engine import FSDPTrainEngine
 from rlframe.workers.engines.fsdp.spec import FSDP
-from rlframe.workers.rollout.config import SamplingConfig
+from rlframe.workers.rollout.config import sampling_of
 
 HERE = "tests.controller.preflight.defects"
 
@@ -39,7 +39,7 @@ class SeedsByRowInChunk(ActorWorker):
 
     @register(dispatch=Dispatch.DP_COMPUTE, mesh="rollout")
     def generate_sequences(self, prompts: DataProto) -> DataProto:
-        sampling = SamplingConfig(**prompts.meta_info["sampling"])
+        sampling = sampling_of(prompts)
         rows = len(prompts)
         prompts.batch["seed"] = (sampling.seed or 0) + torch.arange(rows, dtype=torch.long) * sampling.n
         return super().generate_sequences(prompts)

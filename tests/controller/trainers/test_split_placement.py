@@ -33,7 +33,7 @@ def _vllm_box_bytes(model_dir, *, tp_rank: int, tp: int) -> int:
 
 def greedy_input(batch):
     gen_in = batch.select(batch_keys=["input_ids", "attention_mask", "position_ids"])
-    gen_in.meta_info = {"sampling": vars(SamplingConfig(n=1, temperature=0.0, max_new_tokens=NEW_TOKENS))}
+    gen_in.meta_info = {"sampling": SamplingConfig(n=1, temperature=0.0, max_new_tokens=NEW_TOKENS)}
     return gen_in
 
 
