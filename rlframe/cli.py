@@ -1,7 +1,7 @@
 """The `rlframe` command: run the main job here, or submit it to a Ray cluster and follow it.
 
     rlframe run [-cn CONFIG] [key=value ...]           # the main job in this process (= python -m rlframe.main)
-    rlframe preflight [-cn CONFIG] [key=value ...]     # run it 2 steps and check the RL invariants
+    rlframe preflight [--steps N] [-cn CONFIG] [key=value ...]  # run it N (2) steps, check the RL invariants
     rlframe plan [-cn CONFIG] [key=value ...] [--write FILE]  # rank its placements and layouts by step time
     rlframe submit CONFIG [key=value ...] [--follow]   # a Ray job; prints its id and run directory
     rlframe status JOB_ID                              # status, run directory, latest metrics
@@ -36,7 +36,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("run", help="run the main job in this process", add_help=False)
     p.add_argument("argv", nargs=argparse.REMAINDER, help="arguments of python -m rlframe.main")
     p = sub.add_parser("preflight", help="run a config for 2 steps and check the RL invariants", add_help=False)
-    p.add_argument("argv", nargs=argparse.REMAINDER, help="--steps N, then arguments of python -m rlframe.main")
+    p.add_argument("argv", nargs=argparse.REMAINDER,
+                   help="--steps N and the arguments of python -m rlframe.main, in any order")
     p = sub.add_parser("plan", help="rank the config's placements and layouts by estimated step time", add_help=False)
     p.add_argument("argv", nargs=argparse.REMAINDER, help="--top N, --write FILE, --calibrate, then a config and overrides")
     p = sub.add_parser("submit", help="submit the main job to a Ray cluster")

@@ -11,24 +11,96 @@ import argparse
 import sys
 
 
-def parse_args(argv: list[str]) -> tuple[str, list[str], str | None]:
-    p = argparse.ArgumentParser(prog="python -m rlframe.main", description=__doc__,
+def _configs_epilog() -> str:
+    """--help's list of the built-in configs and config groups (a directory listing)."""
+    from rlframe.config.load import CONFIGS_DIR, available_configs, config_groups
+
+    lines = [f"configs (--config-name): {', '.join(available_configs())}"]
+    lines += [f"config group {g} ({g}=NAME): {', '.join(available_configs(CONFIGS_DIR / g))}"
+              for g in sorted(config_groups([CONFIGS_DIR]))]
+    return "\n".join(lines + ["Options may come anywhere among the overrides."])
+
+
+def _at_least_1(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: a number of steps, at least 1")
+    return int(text)
+
+
+def parser(*, prog: str = "python -m rlframe.main", description: str | None = None,
+           steps: bool = False) -> argparse.ArgumentParser:
+    """The main job's arguments (and Hydra's own flags); `steps=True`: preflight's, with --steps."""
+    from rlframe.config.show import INFO_KINDS
+
+    p = argparse.ArgumentParser(prog=prog, description=description or __doc__, epilog=_configs_epilog(),
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    if steps:
+        p.add_argument("--steps", type=_at_least_1, default=2, help="how many steps to run and check (default 2)")
     p.add_argument("--config-name", "-cn", default="ppo_tiny", help="a file of configs/ without .yaml")
     p.add_argument("--config-path", "-cp", default=None,
                    help="a directory of your own YAML configs (they may extend the built-in ones by name)")
-    p.add_argument("overrides", nargs="*", help="Hydra overrides such as actor.lr=1e-4")
-    args = p.parse_args(argv)
+    p.add_argument("--cfg", "-c", choices=("job", "hydra", "all"),
+                   help="print the composed config as YAML and exit 0, starting nothing: job (the run's keys; "
+                   "trainer.dry_run=true type-checks and validates them), hydra (Hydra's own section), all")
+    p.add_argument("--resolve", action="store_true", help="with --cfg or --info: resolve ${...} interpolations")
+    p.add_argument("--info", "-i", nargs="?", const="all", metavar="{" + ",".join(INFO_KINDS) + "}",
+                   help="print the config search path, the defaults list and the composed config (all), or one "
+                   "of them, and exit 0")
+    p.add_argument("overrides", nargs="*", help="Hydra overrides such as actor.lr=1e-4 or algorithm=dapo")
+    return p
+
+
+def parse(argv: list[str], **kw) -> argparse.Namespace:
+    """The arguments, options anywhere among the overrides (as a Hydra application takes them)."""
+    from rlframe.config.show import INFO_KINDS
+
+    p = parser(**kw)
+    args = p.parse_intermixed_args(argv)
+    if args.info is not None and args.info not in INFO_KINDS:
+        if "=" not in args.info and not args.info.startswith(("+", "~")):
+            p.error(f"argument --info/-i: invalid choice: {args.info!r} (choose from {', '.join(INFO_KINDS)})")
+        args.overrides.insert(0, args.info)  # an override after a bare --info
+        args.info = "all"
+    if args.resolve and not (args.cfg or args.info):
+        p.error("--resolve applies to what --cfg or --info prints: add --cfg job")
+    return args
+
+
+def parse_args(argv: list[str]) -> tuple[str, list[str], str | None]:
+    args = parse(argv)
     return args.config_name, args.overrides, args.config_path
+
+
+def show_config(args) -> int:
+    """--cfg / --info: print Hydra's composition of the config; nothing starts. Exit 0, 2 for a config error."""
+    from rlframe.config.show import config_text, info_text
+
+    try:
+        if args.info:
+            text = info_text(args.config_name, args.overrides, args.config_path, kind=args.info, resolve=args.resolve)
+        else:
+            text = config_text(args.config_name, args.overrides, args.config_path, cfg=args.cfg, resolve=args.resolve)
+    except ValueError as err:
+        print(f"rlframe: {err}", file=sys.stderr)
+        return 2
+    print(text.rstrip("\n"), flush=True)
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
     from rlframe.config import ConfigError
 
-    name, overrides, config_path = parse_args(sys.argv[1:] if argv is None else argv)
+    args = parse(sys.argv[1:] if argv is None else argv)
+    if args.cfg or args.info:
+        return show_config(args)
+    name, overrides, config_path = args.config_name, args.overrides, args.config_path
+    from rlframe.controller.run import run_dir_in_use
     from rlframe.plan.command import planned_config
 
     try:
+        in_use = run_dir_in_use(name, overrides, config_path)  # first: the port a live run holds is its own
+        if in_use is not None:
+            raise in_use
         cfg = planned_config(name, overrides, config_path)
     except (ConfigError, ValueError) as err:
         print(f"rlframe: {err}", file=sys.stderr)
@@ -48,6 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     from rlframe.controller.lifecycle.restart import WorkerRestartsExhausted
     from rlframe.controller.lifecycle.tracking import RunFilesWriteFailed
     from rlframe.rewards.manager import RewardErrorsExceeded
+    from rlframe.controller.trainers.dynamic_sampling import DynamicSamplingExhausted
 
     check_cpu_precision(cfg)  # bf16 on a CPU whose bf16 matmuls are slower than fp32: say so
     try:
@@ -56,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"rlframe: {err}", file=sys.stderr)
         return 2
     except (NonFiniteTrainingError, WorkerRestartsExhausted, NodeLost, InvariantViolation,
-            RewardErrorsExceeded, CheckpointWriteFailed, RunFilesWriteFailed) as err:  # metrics so far are in the run directory
+            RewardErrorsExceeded, CheckpointWriteFailed, RunFilesWriteFailed, DynamicSamplingExhausted) as err:  # metrics so far are in the run directory
         print(f"rlframe: {err}", file=sys.stderr)
         return 1
     except Preempted as stop:  # SIGTERM / SIGINT: checkpointed at a step boundary (preemption.py)
@@ -72,10 +145,10 @@ def preflight_main(argv: list[str]) -> int:
     cause and settings), 2 for a config error."""
     from rlframe.config import ConfigError
 
-    steps = 2
-    if argv[:1] == ["--steps"] and len(argv) > 1:
-        steps, argv = int(argv[1]), argv[2:]
-    name, overrides, config_path = parse_args(argv)
+    args = parse(argv, prog="rlframe preflight", description=preflight_main.__doc__, steps=True)
+    if args.cfg or args.info:
+        return show_config(args)
+    steps, name, overrides, config_path = args.steps, args.config_name, args.overrides, args.config_path
     from rlframe.plan.command import planned_config
 
     try:

@@ -22,6 +22,39 @@ def test_run_is_the_main_job(capsys):
     assert "config grpo_tiny: valid" in capsys.readouterr().out
 
 
+@pytest.mark.parametrize("argv", [["--steps", "3", "--config-name", "grpo_tiny", "actor.lr=2e-5"],
+                                  ["--config-name", "grpo_tiny", "--steps", "3", "actor.lr=2e-5"],
+                                  ["--config-name", "grpo_tiny", "actor.lr=2e-5", "--steps", "3"]])
+def test_preflight_takes_steps_anywhere_among_its_arguments(argv, monkeypatch, tmp_path):
+    """`--steps` before or after the config and its overrides (the run itself is replaced: nothing starts)."""
+    seen = {}
+
+    class Report:
+        exit_code = 0
+
+        def text(self):
+            return "preflight grpo_tiny: 0 checks, 0 failed"
+
+    def fake_run(cfg, *, steps, config_name):
+        seen.update(steps=steps, name=config_name, lr=cfg.actor.lr)
+        return Report()
+
+    monkeypatch.setattr("rlframe.controller.preflight.run.run_preflight", fake_run)
+    assert main(["preflight", *argv, f"trainer.output_dir={tmp_path}"]) == 0
+    assert seen == {"steps": 3, "name": "grpo_tiny", "lr": 2e-5}
+
+
+def test_preflight_help_is_its_own(capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["preflight", "--help"])
+    assert exc.value.code == 0
+    out = capsys.readouterr().out
+    assert out.startswith("usage: rlframe preflight") and "--steps STEPS" in out
+    with pytest.raises(SystemExit) as exc:
+        main(["preflight", "--steps", "0"])
+    assert exc.value.code == 2 and "at least 1" in capsys.readouterr().err
+
+
 def test_usage_errors_exit_2_with_the_fix(capsys):
     assert main(["submit", "grpo_tyni", "--address", f"127.0.0.1:{free_ports(1)[0]}"]) == 2
     assert "available: " in capsys.readouterr().err

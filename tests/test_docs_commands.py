@@ -9,8 +9,11 @@ it, blank lines allowed) by one of
 A block without either fails `test_every_bash_block_is_marked`. Runnable commands run in this
 process, in the repository root: `python -m rlframe.main ARGS` as rlframe.main.main(ARGS), `rlframe
 CMD ARGS` as rlframe.cli.main([CMD, *ARGS]), sharing the session's Ray (the `ray_cluster` fixture).
-A dry run (`trainer.dry_run=true`) runs as written; any other run gets SHORT appended (one step, no
-validation, a temporary output directory), and `rlframe preflight` keeps its own step count.
+Every command gets a temporary output directory (`trainer.output_dir`), so none reads or writes the
+clone's outputs/: a dry run runs otherwise as written, and in a copy of the repository root whose
+outputs/ holds what `make demo` leaves there (tests/demo_leftovers.py: the README's order, demo then
+tests, must not change what the docs' commands do); any other run gets SHORT appended too (one step,
+no validation), and `rlframe preflight` keeps its own step count.
 
 Exiting 0 is not enough: PROMISES maps each runnable command (as written, comments dropped) to a
 check of what the text around its block says it does (exit code, lines it prints, files in its run
@@ -92,8 +95,10 @@ def entry(argv: tuple[str, ...]):
 
 def run_command(argv: tuple[str, ...], out_dir: Path) -> int:
     fn, args = entry(argv)
+    if not any(a.startswith("trainer.output_dir=") for a in args):
+        args += [f"trainer.output_dir={out_dir}"]
     if not is_dry(argv):
-        args += [f"trainer.output_dir={out_dir}"] + ([] if args[:1] == ["preflight"] else SHORT)
+        args += [] if args[:1] == ["preflight"] else SHORT
     return fn(args)
 
 
@@ -232,7 +237,8 @@ def _preflight_checks(code, out, out_dir, *, steps: int) -> dict[int, list[str]]
     Returns the names of the checks printed per step."""
     assert code == 0
     head = _one(out, r"preflight \S+: (\d+) checks, (\d+) failed$")
-    rows = _lines(out, r"  (ok  |FAIL) step (\d+) (.+?): (\S+) \(limit (\S+)\)")
+    # "value (limit L)", or for the duplicates' chance, a floor: "chance value (must be >= L)"
+    rows = _lines(out, r"  (ok  |FAIL) step (\d+) (.+?): (?:chance )?(\S+) \((?:limit|must be >=) (\S+)\)")
     assert int(head.group(1)) == len(rows) > 0 and head.group(2) == "0", out
     assert all(r.group(1) == "ok  " for r in rows)
     per_step: dict[int, list[str]] = {}
@@ -378,8 +384,10 @@ def check_outcome(argv, code: int, capfd, out_dir: Path) -> None:
 
 
 @pytest.mark.parametrize("argv,where", [u for u in UNIQUE if is_dry(u[0])], ids=lambda v: v if isinstance(v, str) else None)
-def test_dry_run_command(argv, where, monkeypatch, tmp_path, capfd):
-    monkeypatch.chdir(ROOT)
+def test_dry_run_command(argv, where, monkeypatch, tmp_path, tmp_path_factory, capfd):
+    from tests.demo_leftovers import clone_after_demo
+
+    monkeypatch.chdir(clone_after_demo(tmp_path_factory.mktemp("clone")))  # the repository root after `make demo`
     # rlframe.main: a dry run prints "without starting anything" (placement.md: "without starting any"):
     # it runs with Ray not importable
     monkeypatch.setitem(sys.modules, "ray", None)

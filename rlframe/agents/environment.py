@@ -1,6 +1,7 @@
 """Environments written against the OpenAI API: `async def episode(client, row)` runs one episode with
 a standard `openai.AsyncOpenAI` client pointed at the policy's endpoint (openai_endpoint.py) and
-returns its reward (a number) or a dict with "reward" and other numbers (logged as metrics).
+returns its reward (a number) or a dict with "reward" and other numbers or booleans (logged as
+metrics, a boolean as 0/1).
 
     async def episode(client, row):
         reply = await client.chat.completions.create(model="policy", messages=[...], tools=[...])
@@ -65,8 +66,9 @@ def _score(value: Any) -> tuple[float, dict[str, float]]:
     """(reward, metrics) from what an episode returned; ValueError when it is neither form."""
     metrics = {}
     if isinstance(value, dict):
+        # booleans count as 0/1, as a reward function's extras do (rlframe/rewards/manager.py)
         metrics = {k: float(v) for k, v in value.items() if k != "reward" and isinstance(v, (int, float))
-                   and not isinstance(v, bool) and math.isfinite(v)}
+                   and math.isfinite(v)}
         value = value.get("reward")
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         raise ValueError(f"an episode must return a finite number or a dict with a finite 'reward'; got {value!r}")

@@ -35,9 +35,30 @@ def load_config(name: str = "ppo_tiny", overrides: list[str] | None = None, *,
     `extra_dir` (e.g. a user's own config directory) is searched first; its files may list the
     built-in configs in their `defaults:` (e.g. `- grpo_tiny`).
     """
-    from hydra import compose, initialize_config_dir
-    from hydra.errors import HydraException
     from omegaconf import OmegaConf
+
+    composed = compose_config(name, overrides, configs_dir=configs_dir, extra_dir=extra_dir)
+    return build_config(OmegaConf.to_container(composed, resolve=True))
+
+
+def compose_config(name: str = "ppo_tiny", overrides: list[str] | None = None, *, configs_dir: Path = CONFIGS_DIR,
+                   extra_dir: str | Path | None = None, hydra: bool = False):
+    """Hydra's composition of `<name>.yaml` and the overrides, as an OmegaConf DictConfig (interpolations
+    unresolved, not type-checked: load_config does both); `hydra=True` keeps Hydra's own `hydra` section
+    (`--cfg hydra|all`)."""
+    from hydra import compose
+
+    return with_hydra(name, overrides, lambda o: compose(config_name=name, overrides=o, return_hydra_config=hydra),
+                      configs_dir=configs_dir, extra_dir=extra_dir)
+
+
+def with_hydra(name: str, overrides: list[str] | None, fn, *, configs_dir: Path = CONFIGS_DIR,
+               extra_dir: str | Path | None = None):
+    """`fn(hydra_overrides)` inside Hydra's context for `<name>.yaml`'s directories (the user's first): the
+    overrides as Hydra takes them (`++key=value`; a group selection the config does not list gets `+`).
+    Hydra's errors become ValueError."""
+    from hydra import initialize_config_dir
+    from hydra.errors import HydraException
 
     dirs = ([Path(extra_dir).expanduser().resolve()] if extra_dir else []) + [configs_dir]
     if not any((d / f"{name}.yaml").is_file() for d in dirs):
@@ -48,20 +69,19 @@ def load_config(name: str = "ppo_tiny", overrides: list[str] | None = None, *,
     if extra_dir:  # the built-in configs stay reachable by name from the user's directory
         overrides.append(f"hydra.searchpath=[file://{configs_dir}]")
 
-    def _compose(overrides: list[str]):
+    def _run(overrides: list[str]):
         with initialize_config_dir(config_dir=str(dirs[0]), version_base="1.3"):
-            return compose(config_name=name, overrides=overrides)
+            return fn(overrides)
 
     try:
         try:
-            composed = _compose(overrides)
+            return _run(overrides)
         except HydraException as err:
             if "No match in the defaults list" not in str(err):
                 raise
             # a config that does not list the group (one not built on ppo_tiny): add the selection,
             # applied after the config's own keys
             overrides = [f"+{o}" if o.partition("=")[0] in groups else o for o in overrides]
-            composed = _compose(overrides)
+            return _run(overrides)
     except HydraException as err:
         raise ValueError(f"could not compose config {name!r} with overrides {overrides}: {err}") from err
-    return build_config(OmegaConf.to_container(composed, resolve=True))

@@ -143,6 +143,10 @@ RANGES: dict[str, Rule] = {
 # trainer.loggers: the metric sinks rlframe/controller/lifecycle/tracking.py writes to
 SINKS = ("console", "jsonl", "tensorboard", "wandb", "mlflow")
 
+# algorithm.dynamic_sampling_at_cap: what DAPO's dynamic sampling does with a batch still short of
+# informative groups after max_gen_batches rounds (rlframe/controller/trainers/dynamic_sampling.py)
+DYNAMIC_SAMPLING_AT_CAP = ("refill", "train_kept", "stop")
+
 
 def _choices() -> dict[str, tuple]:
     from rlframe.data.synthetic import TASKS
@@ -164,7 +168,8 @@ def _choices() -> dict[str, tuple]:
             "reward.ensemble": ("mean", "min"),
             "resources.placement": ("colocated", "split"), "trainer.loggers": SINKS,
             "trainer.async_mode": ("batch", "stream"),
-            "algorithm.off_policy_correction": OFF_POLICY_CORRECTIONS}
+            "algorithm.off_policy_correction": OFF_POLICY_CORRECTIONS,
+            "algorithm.dynamic_sampling_at_cap": DYNAMIC_SAMPLING_AT_CAP}
 
 
 def lookup(cfg: RunConfig, key: str):

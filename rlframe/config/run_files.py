@@ -16,7 +16,7 @@ def check_paths(cfg: RunConfig, out: list[str]) -> None:
     if cfg.data.task is None and not cfg.data.train_files:
         out.append("data.task is null and data.train_files is empty: give parquet/jsonl files or a synthetic task")
     for key in ("train_files", "val_files"):  # files given are used whatever data.task is, so they must exist
-        for f in getattr(cfg.data, key):
+        for f in getattr(cfg.data, key) or []:  # val_files=null: no validation
             if not Path(f).expanduser().is_file():
                 fix = ("or set data.task to a synthetic task" if cfg.data.task is None else
                        f"or remove it to use the {cfg.data.task} task's split (data.{key}=[])")

@@ -32,7 +32,8 @@ class DataConfig:
     # train_files / val_files, when given, are used whatever the task (None: files only; docs/data.md).
     task: str | None = "arithmetic"
     train_files: list[str] = field(default_factory=list)
-    val_files: list[str] = field(default_factory=list)
+    # [] (none given): the task's held-out split, no validation for task=null; null: no validation at all
+    val_files: list[str] | None = field(default_factory=list)
     train_size: int = 5000
     val_size: int = 256
     prompt_length: int = 16
@@ -70,6 +71,10 @@ class AlgorithmConfig:
     entropy_coef: float = 0.0
     dynamic_sampling: bool = False  # DAPO: drop groups with equal rewards, refill
     max_gen_batches: int = 4
+    # when max_gen_batches rounds leave the batch short of groups whose rewards differ: refill (top up with
+    # equal-reward groups, advantage 0: the gradient shrinks with the informative fraction), train_kept (a
+    # smaller batch of the kept groups), stop (end the run). docs/algorithms.md, dynamic_sampling.py.
+    dynamic_sampling_at_cap: str = "refill"
     overlong_buffer_len: int = 0  # DAPO overlong shaping (0: off)
     overlong_penalty_factor: float = 1.0
     dpo_beta: float = 0.1  # online DPO

@@ -265,6 +265,9 @@ def _check_kl_and_sampling(cfg: RunConfig, out: list[str]) -> None:
     if alg.dynamic_sampling and alg.n_samples < 2:
         out.append(f"algorithm.dynamic_sampling=true keeps groups whose rewards differ, which needs "
                    f"algorithm.n_samples >= 2 (got {alg.n_samples}); raise n_samples or turn dynamic_sampling off")
+    from rlframe.config.dynamic_sampling import at_cap_problems
+
+    out.extend(at_cap_problems(cfg))
     if cfg.ref.enabled is False and (alg.use_kl_loss or alg.kl_in_reward):
         which = "algorithm.use_kl_loss" if alg.use_kl_loss else "algorithm.kl_in_reward"
         out.append(f"ref.enabled=false, but {which}=true needs the reference policy's log-probs; "
@@ -272,6 +275,12 @@ def _check_kl_and_sampling(cfg: RunConfig, out: list[str]) -> None:
     if alg.kl_target is not None and not alg.kl_in_reward:
         out.append(f"algorithm.kl_target={alg.kl_target} adapts the KL penalty in the reward, but "
                    "algorithm.kl_in_reward=false; set kl_in_reward=true or kl_target=null")
+    from rlframe.config.kl_settings import kl_setting_problems
+
+    out.extend(kl_setting_problems(alg))  # a KL key of a term that is off (the one that acts is named)
+    from rlframe.config.task_fit import task_fit_problems
+
+    out.extend(task_fit_problems(cfg))  # the tiny model's preset and task; the tool task's prompts and prompt_length
     if data.task is not None and not data.train_files and data.train_batch_size > data.train_size:
         out.append(f"data.train_batch_size={data.train_batch_size} is larger than the synthetic task's "
                    f"data.train_size={data.train_size} prompts; lower the batch or raise train_size")
@@ -281,7 +290,7 @@ def _check_kl_and_sampling(cfg: RunConfig, out: list[str]) -> None:
         split = default_sft(data.task)
         for key, size, have, which in (("train_size", data.train_size, split.num_train, "train_files"),
                                        ("val_size", data.val_size, split.num_test, "val_files")):
-            if size > have and not getattr(data, which):
+            if size > have and getattr(data, which) == []:  # val_files=null: no validation split at all
                 out.append(f"data.{key}={size} asks for more rows than the {data.task} task's fixed split has "
                            f"({have}: the problems held out from the tiny model's pre-training stay held out); "
                            f"set data.{key}={have} or lower, or give data.{which}")

@@ -447,6 +447,22 @@ def build_pretrained_model(
     return final
 
 
+def pretrained_source(*, preset: str = "demo", task: str = "arithmetic", seed: int = 0, steps: int | None = None,
+                      cache_dir: str | Path | None = None, use_shipped: bool = True) -> str:
+    """Where `build_pretrained_model` with these arguments takes the model from, without doing it:
+    "shipped" (the repository's pre-trained copy), "cached" (built earlier on this machine) or "build"
+    (trained now, in a child process)."""
+    cfg = _recipe(preset, task, steps, None)
+    key = cache_key(preset=preset, task=task, seed=seed, cfg=cfg)
+    if use_shipped:
+        from rlframe.data.shipped import find_shipped
+
+        if find_shipped(key) is not None:
+            return "shipped"
+    root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    return "cached" if (root / "models" / key / "rlframe_pretrain.json").exists() else "build"
+
+
 def _recipe(preset: str, task: str, steps: int | None, cfg: SFTConfig | None) -> SFTConfig:
     """The SFT settings of a build (the task's default unless given), after checking preset and task."""
     from rlframe.data.tiny_model import PRESETS

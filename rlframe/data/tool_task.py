@@ -46,6 +46,10 @@ CALCULATOR = {
     },
 }
 SYSTEM = "Answer with <answer>number</answer>."
+# Tokens of every prompt of the task (system + user message, chat template with the generation prompt)
+# under the agent preset's tokenizer: data.prompt_length below it leaves no usable row (config/task_fit.py;
+# tests/config/test_task_fit.py measures it with the shipped tokenizer)
+PROMPT_TOKENS = 113
 
 
 @dataclass(frozen=True)

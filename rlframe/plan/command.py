@@ -85,6 +85,59 @@ def resumed_plan(cfg):
         return None
 
 
+def _dry_run_problems(cfg) -> list[str]:
+    """What the validator says of `cfg` as a dry run (no files opened, nothing bound); [] when sound."""
+    import dataclasses
+
+    from rlframe.config import ConfigError, validate
+
+    try:
+        validate(dataclasses.replace(cfg, trainer=dataclasses.replace(cfg.trainer, dry_run=True)))
+    except ConfigError as err:
+        return list(err.problems)
+    return []
+
+
+def check_resumed_plan_fits(cfg, planned, plan, where) -> None:
+    """ConfigError when the layout of the checkpoint this launch resumes (`plan`, kept by auto_plan)
+    does not fit this launch's resources: it says that the checkpoint was written with another layout,
+    and the three ways on (resources that fit it, start over, another run directory), rather than
+    the bare layout error of a layout the user never chose. Only what the resources cause is blamed on
+    the checkpoint (the problems that the resources it was written on do not have); the config's
+    other problems are left to the validator."""
+    import dataclasses
+
+    from rlframe.config import ConfigError
+    from rlframe.config.validate import _check_layouts
+    from rlframe.controller.lifecycle.run_identity import checkpoint_run_info
+
+    res = cfg.resources
+    written = ((checkpoint_run_info(where) or {}).get("config") or {}).get("resources") or {}
+    try:
+        then = dataclasses.replace(planned, resources=dataclasses.replace(
+            planned.resources, nodes=int(written["nodes"]), procs_per_node=int(written["procs_per_node"])))
+    except (KeyError, TypeError, ValueError):  # written before checkpoints recorded their config's resources
+        then = None
+    if then is None:
+        caused: list[str] = []
+        _check_layouts(planned, caused)
+    else:
+        there = set(_dry_run_problems(then))
+        caused = [p for p in _dry_run_problems(planned) if p not in there]
+    if not caused:
+        return  # the config's own problems, if any: validate() reports them as usual
+    on = "" if then is None else f" on resources.nodes={then.resources.nodes} resources.procs_per_node={then.resources.procs_per_node}"
+    fit = ("the resources it was written on" if then is None
+           else f"resources.nodes={then.resources.nodes} resources.procs_per_node={then.resources.procs_per_node}")
+    why = "; ".join(p.split("; set ")[0] for p in caused)  # their own advice (change the layout) does not apply
+    raise ConfigError([
+        f"trainer.auto_plan keeps the layout of the checkpoint this launch resumes ({where}), and that checkpoint "
+        f"was written with another layout ({plan.label()}{on}) than this launch's resources (resources.nodes="
+        f"{res.nodes} resources.procs_per_node={res.procs_per_node}) take ({why}); a checkpoint loads only into the "
+        f"layout that wrote it. To continue that run, launch it with {fit}; to start it over here, set "
+        "trainer.resume=off; to leave it and start a new run, set another trainer.experiment or trainer.output_dir"])
+
+
 def _say(line: str) -> None:
     print(line, flush=True)
 
@@ -102,7 +155,9 @@ def auto_plan(cfg, constants_path: str | Path = DEFAULT_CONSTANTS, *, log=_say):
     if kept is not None:
         plan, where = kept
         log(f"rlframe: trainer.auto_plan keeps the plan of the checkpoint it resumes ({where}): {plan.label()}")
-        return plan.apply(cfg)
+        planned = plan.apply(cfg)
+        check_resumed_plan_fits(cfg, planned, plan, where)
+        return planned
     constants, defaults = load_constants(constants_path)
     base = dataclasses.replace(cfg, trainer=dataclasses.replace(cfg.trainer, dry_run=True))
     try:

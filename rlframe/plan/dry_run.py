@@ -98,6 +98,59 @@ def memory_lines(cfg: RunConfig, dims: ModelDims, shapes: dict) -> list[str]:
     return lines
 
 
+def _num(x: float) -> str:
+    return f"{x:g}"
+
+
+def algorithm_lines(cfg: RunConfig) -> list[str]:
+    """What defines the algorithm beyond its name and estimator (algorithm=dapo, gspo and rloo share
+    grpo's or their own estimator and differ here): the policy loss and its clip range, the loss
+    aggregation, where the KL to the reference acts and its coefficient, dynamic sampling, overlong
+    shaping, and the actor's epochs and mini-batches per step. Indented under the `algorithm:` line."""
+    from rlframe.algos.registry import resolve_loss_agg_mode
+    from rlframe.config.algorithms import algorithm_spec, known
+    from rlframe.config.schedule import rows_per_step
+
+    alg, actor = cfg.algorithm, cfg.actor
+    spec = algorithm_spec(alg) if known(alg) else None
+    lines = []
+    if spec is None or spec.ppo_ratio:
+        agg = resolve_loss_agg_mode(policy_loss=alg.policy_loss, loss_agg_mode=alg.loss_agg_mode)
+        if agg == "seq-mean-token-sum-norm":
+            agg += f" (divided by {_num(alg.loss_scale_factor) if alg.loss_scale_factor else cfg.data.response_length})"
+        lines.append(
+            f"  policy loss {alg.policy_loss}: ratio clipped to [{_num(1 - alg.clip_ratio_low)}, "
+            f"{_num(1 + alg.clip_ratio_high)}] (algorithm.clip_ratio_low {_num(alg.clip_ratio_low)}, clip_ratio_high "
+            f"{_num(alg.clip_ratio_high)})" + (f", dual-clip bound c={_num(alg.clip_ratio_c)}" if alg.policy_loss == "dual_clip" else "")
+            + f"; loss aggregation {agg}" + (f"; entropy bonus {_num(alg.entropy_coef)}" if alg.entropy_coef else "")
+            + (" (algorithm.loss_agg_mode)" if alg.loss_agg_mode else " (the policy loss's own: algorithm.loss_agg_mode=null)"))
+    elif spec.pairs:
+        lines.append(f"  loss: DPO on pairs of samples against the reference, beta {_num(alg.dpo_beta)} (algorithm.dpo_beta)")
+    if spec is None or spec.generates:
+        kl = []
+        if alg.kl_in_reward:
+            how = (f"adaptive to kl_target {_num(alg.kl_target)} over kl_horizon {alg.kl_horizon}" if alg.kl_target is not None
+                   else "fixed")
+            kl.append(f"in the reward, algorithm.kl_coef {_num(alg.kl_coef)} ({how}), estimator {alg.kl_estimator}")
+        if alg.use_kl_loss:
+            kl.append(f"in the loss, algorithm.kl_loss_coef {_num(alg.kl_loss_coef)}, estimator {alg.kl_loss_estimator}")
+        if spec is None or not spec.pairs:
+            lines.append("  KL to the reference: " + ("; ".join(kl) if kl else
+                         "none (algorithm.kl_in_reward=false, algorithm.use_kl_loss=false)"))
+        shaping = (f"overlong shaping over the last {alg.overlong_buffer_len} response tokens (penalty factor "
+                   f"{_num(alg.overlong_penalty_factor)})" if alg.overlong_buffer_len else "overlong shaping off")
+        sampling = (f"dynamic sampling on (groups whose rewards are all equal are dropped and refilled, up to "
+                    f"{alg.max_gen_batches} generation batches; at the cap: {alg.dynamic_sampling_at_cap})"
+                    if alg.dynamic_sampling else "dynamic sampling off")
+        lines.append(f"  {sampling}; {shaping}")
+    rows = rows_per_step(cfg)
+    minis = max(1, -(-rows // actor.mini_batch_size))
+    lines.append(f"  actor update: {actor.ppo_epochs} epoch(s) x {minis} mini-batch(es) of {min(actor.mini_batch_size, rows)} "
+                 f"samples ({rows} per step) = {actor.ppo_epochs * minis} optimizer step(s) per step (actor.ppo_epochs, "
+                 "actor.mini_batch_size)")
+    return lines
+
+
 def describe_run(cfg: RunConfig) -> str:
     dims = model_dims(cfg)
     shapes = hf_param_shapes(dims)
@@ -114,6 +167,7 @@ def describe_run(cfg: RunConfig) -> str:
         f"algorithm: {cfg.algorithm.name} (advantage estimator {cfg.algorithm.adv_estimator}, "
         f"{cfg.algorithm.n_samples} sample(s) per prompt, critic {'on' if cfg.uses_critic else 'off'}, "
         f"reference {'on' if cfg.uses_ref else 'off'})",
+        *algorithm_lines(cfg),
         f"model: {n_params / 1e9:.3f}B parameters, {dims.num_layers} layers, hidden {dims.hidden_size}, "
         f"heads {dims.num_heads}/{dims.num_kv_heads} kv, vocab {dims.vocab_size}",
         (f"placement: {res.placement} on {res.nodes} node(s) x {res.procs_per_node} "

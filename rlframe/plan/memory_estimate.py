@@ -283,3 +283,31 @@ class Estimate:
                 self._add_role(dev, role, stage)
             out.append(dev)
         return out
+
+
+def checkpoint_bytes(cfg: RunConfig, shapes: dict[str, tuple[int, ...]], wbytes: int) -> int:
+    """About the bytes a run checkpoint takes on disk (each parameter once, whatever the layout): per
+    trained role (actor, critic) its weights as its engine keeps them (fp32 where its spec says so,
+    else the compute dtype `wbytes`), AdamW's two fp32 moments, and fp32 main weights of compute-dtype
+    parameters; a LoRA role's checkpoint holds only its adapters (fp32, with their moments). The
+    reference is not saved. The checkpoint manager checks the first checkpoint's free space with it."""
+    total = 0
+    for role in (r for r in training_roles(cfg) if r.trained):
+        c, spec = role.cfg, engine_spec(role.cfg.strategy)
+        role_sh = role_shapes(shapes, role.head)
+        n = sum(prod(s) for s in role_sh.values())
+        if c.lora_rank > 0:
+            total += int(n * lora_fraction(role_sh, c)) * 12
+            continue
+        weights = 4 if spec.fp32_params else wbytes
+        main = 4 if weights < 4 else 0
+        total += n * (weights + main + 8)
+    return total
+
+
+def estimated_checkpoint_bytes(cfg: RunConfig) -> int:
+    """`checkpoint_bytes` for the run's model (its config.json, model.hf_config or the tiny preset)."""
+    from rlframe.plan.dry_run import model_dims, runtime_dtype
+    from rlframe.resharding.formats import hf_param_shapes
+
+    return checkpoint_bytes(cfg, hf_param_shapes(model_dims(cfg)), runtime_dtype(cfg).itemsize)

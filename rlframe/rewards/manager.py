@@ -3,7 +3,7 @@
 Dataflow: the driver (or reward worker) passes B decoded response strings with their
 `data_source`, `ground_truth` and `extra_info`; the manager splits the batch into contiguous chunks,
 scores the chunks in a process pool (or inline when `num_workers=0`), and returns
-`RewardResult(scores (B,) float32, extras {name: (B,)}, metrics)`. `token_level_scores` then
+`RewardResult(scores (B,) float32, extras {name: (B,)}, metrics, texts {name: (B,) strings})`. `token_level_scores` then
 puts each score on the last valid response token, giving the (B, R) tensor of docs/contracts.md.
 
 A reward function that raises, returns a non-number, or returns NaN/inf for one sample scores that
@@ -43,7 +43,7 @@ logger = logging.getLogger("rlframe.rewards")
 # Inline scoring: measured faster than a pool for rule rewards on the 2-core machine.
 DEFAULT_NUM_WORKERS = 0
 
-# One sample's outcome: (score, extra metrics, traceback text or None).
+# One sample's outcome: (score, extra values (floats, and strings), traceback text or None).
 Outcome = tuple[float, dict, "str | None"]
 
 _WORKER_FNS: dict[RewardFnSpec, object] = {}
@@ -57,8 +57,10 @@ def _score_one(fn, data_source, solution_str, ground_truth, extra_info) -> Outco
         if isinstance(out, dict):
             if "score" not in out:
                 raise ValueError(f"reward function returned a dict without a 'score' key: {sorted(out)}")
-            # booleans count as 0/1; other non-numbers are not metrics
-            extras = {k: float(v) for k, v in out.items() if k != "score" and (_is_number(v) or isinstance(v, bool))}
+            # booleans count as 0/1; strings are kept per sample (the generation dumps' score_parts), not
+            # metrics; other values (lists, None, ...) are dropped
+            extras = {k: v if isinstance(v, str) else float(v) for k, v in out.items()
+                      if k != "score" and (_is_number(v) or isinstance(v, (bool, str)))}
             out = out["score"]
         if isinstance(out, bool) or not _is_number(out):
             raise TypeError(f"reward function returned {type(out).__name__} {out!r}; expected a float or a dict")
@@ -68,6 +70,10 @@ def _score_one(fn, data_source, solution_str, ground_truth, extra_info) -> Outco
         return score, extras, None
     except Exception:  # noqa: BLE001 - any user-code failure is scored 0 and reported, by design
         return 0.0, {}, traceback.format_exc()
+
+
+def _number_or_nan(v) -> float:
+    return np.nan if v is None or isinstance(v, str) else v
 
 
 def _is_number(v) -> bool:
@@ -111,6 +117,9 @@ class RewardResult:
     extras: dict[str, np.ndarray] = field(default_factory=dict)  # name -> (B,) float32, NaN where absent
     metrics: dict[str, float] = field(default_factory=dict)
     failed: np.ndarray | None = None  # (B,) bool: the function raised or returned no usable score
+    # name -> (B,) object: the string extra each sample returned, None where absent (a reason, a label);
+    # not metrics, kept for the generation dumps' score_parts
+    texts: dict[str, np.ndarray] = field(default_factory=dict)
 
 
 class RewardManager:
@@ -217,8 +226,11 @@ class RewardManager:
     def _collect(self, outcomes: list[Outcome]) -> RewardResult:
         n = len(outcomes)
         scores = np.array([o[0] for o in outcomes], dtype=np.float32)
-        names = sorted({k for o in outcomes for k in o[1]})
-        extras = {k: np.array([o[1].get(k, np.nan) for o in outcomes], dtype=np.float32) for k in names}
+        names = sorted({k for o in outcomes for k, v in o[1].items() if not isinstance(v, str)})
+        extras = {k: np.array([_number_or_nan(o[1].get(k)) for o in outcomes], dtype=np.float32) for k in names}
+        text_names = sorted({k for o in outcomes for k, v in o[1].items() if isinstance(v, str)})
+        texts = {k: np.array([v if isinstance(v := o[1].get(k), str) else None for o in outcomes], dtype=object)
+                 for k in text_names}
         errors = [(i, o[2]) for i, o in enumerate(outcomes) if o[2] is not None]
         limit = self.max_error_fraction
         if errors and limit is not None and len(errors) > limit * n:
@@ -234,7 +246,8 @@ class RewardManager:
             logger.warning("reward function failed on sample %d (scored 0; %d of %d samples of this batch "
                            "failed):\n%s", i, len(errors), n, tb)
         failed = np.array([o[2] is not None for o in outcomes], dtype=bool)
-        return RewardResult(scores=scores, extras=extras, metrics=reward_metrics(scores, extras, failed), failed=failed)
+        return RewardResult(scores=scores, extras=extras, metrics=reward_metrics(scores, extras, failed), failed=failed,
+                            texts=texts)
 
     def close(self) -> None:
         pool, self._pool = self._pool, None

@@ -84,3 +84,15 @@ class ResourcePool:
         for pg in self._pgs:
             ray.util.remove_placement_group(pg)
         self._pgs, self._nodes = [], []
+
+
+def node_hosts(node_ids: list[str] | None = None) -> list[str]:
+    """"hostname (ip)" of each Ray node in `node_ids` (in order; ids the cluster does not know are
+    left out), or of every alive node of the cluster when none are given; none while Ray is not started."""
+    import ray
+
+    if not ray.is_initialized():
+        return []
+    nodes = {n["NodeID"]: n for n in ray.nodes()}
+    chosen = [nodes[i] for i in node_ids if i in nodes] if node_ids else [n for n in nodes.values() if n.get("Alive")]
+    return [f"{n.get('NodeManagerHostname') or '?'} ({n.get('NodeManagerAddress') or '?'})" for n in chosen]

@@ -80,3 +80,21 @@ def test_config_checks_the_files_given_with_the_default_task(tmp_path, monkeypat
     small = _jsonl(tmp_path / "small.jsonl", PROBLEMS * 40)
     cfg = validate(load_config("ppo_tiny", [f"data.train_files=[{small}]", "data.train_size=100"]))
     assert cfg.data.train_files == [small]
+
+
+def test_val_files_null_means_no_validation(tmp_path, monkeypatch, capsys):
+    """docs/data.md: `data.val_files=null` is no validation, whatever data.task (it was refused "must
+    not be null"); `[]` stays "no files" (the task's held-out split)."""
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    train = _jsonl(tmp_path / "train.jsonl", PROBLEMS * 32)
+    cfg = validate(load_config("ppo_tiny", ["data.val_files=null", f"data.train_files=[{train}]",
+                                            f"model.cache_dir={tmp_path / 'cache'}"]))
+    assert cfg.data.val_files is None
+    loader, val = prepare.build_data(cfg, build_char_tokenizer())
+    assert val is None and len(loader.dataset) == 128
+    assert "no validation (data.val_files=null)" in capsys.readouterr().out
+    # with the task's train split too: its held-out split is not made either, and data.val_size does not matter
+    cfg = validate(load_config("ppo_tiny", ["data.val_files=null", "data.val_size=100000", "trainer.dry_run=true"]))
+    (task_train,), no_val = prepare.task_files(_cfg(tmp_path, val_files=None))
+    assert task_train.endswith("train.parquet") and no_val == []
+    assert prepare.task_files(_cfg(tmp_path, val_files=[]))[1][0].endswith("test.parquet")

@@ -3,9 +3,12 @@ the plan it printed first)."""
 
 import dataclasses
 
+import pytest
+
 from rlframe.cli import main
 from rlframe.config import load_config, validate
 from rlframe.plan.cost import Constants
+from tests.demo_leftovers import DEMO_STEP, clone_after_demo
 
 
 def test_plan_writes_the_best_as_a_config(tmp_path, capsys):
@@ -44,15 +47,49 @@ def test_plan_refuses_what_it_does_not_model(capsys):
     assert "calibrate on a colocated synchronous config" in capsys.readouterr().err
 
 
-def test_auto_plan_chooses_before_the_run_starts(capsys):
+@pytest.fixture
+def after_make_demo(tmp_path_factory, monkeypatch):
+    """The working directory: a copy of the repository root as `make demo` leaves it, its outputs/
+    holding the demo's checkpoint (2 processes, dp2; tests/demo_leftovers.py)."""
+    cwd = clone_after_demo(tmp_path_factory.mktemp("clone"))
+    monkeypatch.chdir(cwd)
+    return cwd
+
+
+def test_auto_plan_chooses_before_the_run_starts(tmp_path, capsys, after_make_demo):
     """trainer.auto_plan=true: a config whose own layout does not fit its 4 processes runs the
-    fastest plan instead (shown here by the dry run, which then describes the chosen layout)."""
+    fastest plan instead (shown here by the dry run, which then describes the chosen layout). In its
+    own output directory: the demo's checkpoint in the working directory's outputs/ is not its run."""
     from rlframe.main import main as run_main
 
-    assert run_main(["trainer.auto_plan=true", "trainer.dry_run=true", "resources.procs_per_node=4"]) == 0
+    own = f"trainer.output_dir={tmp_path}"
+    assert run_main(["trainer.auto_plan=true", "trainer.dry_run=true", "resources.procs_per_node=4", own]) == 0
     out = capsys.readouterr().out
     assert "rlframe: trainer.auto_plan chose " in out and "config ppo_tiny: valid" in out
-    assert run_main(["trainer.auto_plan=true", "trainer.dry_run=true", "-cn", "sft_tiny"]) == 2
+    assert run_main(["trainer.auto_plan=true", "trainer.dry_run=true", "-cn", "sft_tiny", own]) == 2
+
+
+def test_a_resumed_checkpoint_whose_layout_no_longer_fits_says_what_to_do(after_make_demo, capsys):
+    """auto_plan keeps the layout of the checkpoint it resumes (here the demo's, dp2 on 2 processes);
+    on 4 processes that layout does not fit: the refusal says that the checkpoint was written with
+    another layout, and the ways on (its resources, trainer.resume=off, another run directory), not
+    a bare layout error naming keys the user never set. Each way on then works."""
+    from rlframe.main import main as run_main
+
+    dry = ["trainer.auto_plan=true", "trainer.dry_run=true"]
+    assert run_main([*dry, "resources.procs_per_node=4"]) == 2
+    err = capsys.readouterr().err
+    [problem] = [line for line in err.splitlines() if line.startswith("  - ")]
+    assert f"checkpoints/{DEMO_STEP}" in problem and "was written with another layout" in problem, err
+    assert "actor fsdp dp2" in problem and "on resources.nodes=1 resources.procs_per_node=2" in problem, err
+    for way in ("launch it with resources.nodes=1 resources.procs_per_node=2", "trainer.resume=off",
+                "trainer.experiment", "trainer.output_dir"):
+        assert way in problem, (way, err)
+    assert run_main([*dry, "resources.procs_per_node=2"]) == 0
+    assert "keeps the plan of the checkpoint it resumes" in capsys.readouterr().out
+    for fresh in ("trainer.resume=off", "trainer.experiment=another"):
+        assert run_main([*dry, "resources.procs_per_node=4", fresh]) == 0, capsys.readouterr().err
+        assert "rlframe: trainer.auto_plan chose " in capsys.readouterr().out
 
 
 def test_a_resumed_run_keeps_its_checkpoints_plan(tmp_path, capsys):

@@ -138,3 +138,33 @@ def test_split_fanout_line_counts_what_the_training_ranks_send():
     assert direct == pytest.approx(4 * sent, rel=0.01) and forwarded == pytest.approx(3 * sent, rel=0.01)
     assert f"send {direct:.3f} GiB per sync (chain: {sent:.3f} GiB" in lines["direct"]
     assert "4 replica(s)" in chain and "shared-memory rings (one host)" in chain
+
+
+def test_the_dry_run_says_what_defines_the_algorithm():
+    """dapo, gspo and rloo were all "advantage estimator grpo|rloo, 4 sample(s) per prompt, critic off,
+    reference on": the dry run now prints what sets them apart (clip range, loss aggregation, where
+    the KL acts and its coefficient, dynamic sampling, overlong shaping, epochs and mini-batches)."""
+    from rlframe.plan.dry_run import algorithm_lines
+
+    def lines(*overrides):
+        return "\n".join(algorithm_lines(validate(load_config("ppo_tiny", ["trainer.dry_run=true", *overrides]))))
+
+    dapo = lines("algorithm=dapo")
+    assert "policy loss ppo: ratio clipped to [0.8, 1.28] (algorithm.clip_ratio_low 0.2, clip_ratio_high 0.28)" in dapo
+    assert "loss aggregation token-mean" in dapo and "KL to the reference: none" in dapo
+    assert "dynamic sampling on" in dapo and "up to 4 generation batches" in dapo
+    assert "overlong shaping over the last 2 response tokens (penalty factor 1)" in dapo
+    assert "actor update: 1 epoch(s) x 1 mini-batch(es) of 256 samples (256 per step)" in dapo
+    gspo = lines("algorithm=gspo")
+    assert "policy loss gspo: ratio clipped to [0.9997, 1.0004]" in gspo
+    assert "loss aggregation seq-mean-token-mean" in gspo and "dynamic sampling off; overlong shaping off" in gspo
+    rloo = lines("algorithm=rloo", "actor.ppo_epochs=2", "actor.mini_batch_size=64")
+    assert "the policy loss's own: algorithm.loss_agg_mode=null" in rloo and "KL to the reference: none" in rloo
+    assert "2 epoch(s) x 4 mini-batch(es) of 64 samples (256 per step) = 8 optimizer step(s)" in rloo
+    assert "KL to the reference: in the loss, algorithm.kl_loss_coef 0.001, estimator k3" in lines("algorithm=grpo")
+    assert ("in the reward, algorithm.kl_coef 0.05 (adaptive to kl_target 0.1 over kl_horizon 10000), estimator k1"
+            in lines("algorithm.kl_in_reward=true", "algorithm.kl_coef=0.05", "algorithm.kl_target=0.1"))
+    assert "DPO on pairs" in lines("algorithm=online_dpo")
+    # in the dry run's report, under its algorithm line
+    out = describe_run(validate(load_config("ppo_tiny", ["trainer.dry_run=true", "algorithm=dapo"]))).splitlines()
+    assert out[0].startswith("algorithm: dapo") and out[1].startswith("  policy loss ppo: ratio clipped")

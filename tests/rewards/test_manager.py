@@ -157,3 +157,32 @@ def test_the_same_traceback_is_logged_once(caplog):
 def test_max_error_fraction_must_be_a_fraction():
     with pytest.raises(ValueError, match="max_error_fraction"):
         RewardManager(max_error_fraction=1.5)
+
+
+REASONS = """
+def compute_score(data_source, solution_str, ground_truth, extra_info=None):
+    right = solution_str == ground_truth
+    out = {"score": float(right), "exact": right, "tags": ["a"]}
+    if not right:
+        out["reason"] = f"expected {ground_truth}, got {solution_str}"
+    if solution_str == "7":
+        out["mixed"] = "seven"
+    elif solution_str == "8":
+        out["mixed"] = 8
+    return out
+"""
+
+
+def test_string_extras_are_kept_per_sample_and_are_not_metrics(tmp_path):
+    """A reward's string extras (a reason, a label) reach the batch per sample (RewardResult.texts, None where a
+    sample returned none) for the generation dumps; they are not metrics. Booleans count 0/1; lists are dropped."""
+    f = tmp_path / "reasons.py"
+    f.write_text(REASONS)
+    with RewardManager(fn_spec=RewardFnSpec(path=str(f), name="compute_score")) as mgr:
+        res = mgr.compute(["7", "8", "9"], data_sources=["t"] * 3, ground_truths=["7", "7", "9"])
+    assert res.texts["reason"].tolist() == [None, "expected 7, got 8", None]
+    assert res.texts["mixed"].tolist() == ["seven", None, None]  # the number 8 is an extra value
+    assert res.extras["mixed"][1] == 8.0 and np.isnan(res.extras["mixed"][0])
+    assert res.extras["exact"].tolist() == [1.0, 0.0, 1.0]
+    assert "reason" not in res.extras and "tags" not in res.extras and "tags" not in res.texts
+    assert not any("reason" in k for k in res.metrics)

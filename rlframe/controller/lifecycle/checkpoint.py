@@ -59,11 +59,15 @@ def restore_driver_rng(state: dict) -> None:
 
 class CheckpointManager:
     def __init__(self, run_dir: Path, *, keep: int, run: run_identity.RunRecord | None = None,
-                 config: dict | None = None):
+                 config: dict | None = None, estimate_bytes: int = 0):
+        """`estimate_bytes`: about the size of a checkpoint before one was written (the trainer's estimate
+        from the model and optimizer state, plan.memory_estimate.checkpoint_bytes); the free-space check
+        of the first checkpoint uses it, later ones the size of the newest."""
         self.run_dir = Path(run_dir)
         self.root = self.run_dir / "checkpoints"
         self.keep = max(1, keep)
         self.run, self.config = run, config
+        self.estimate_bytes = max(0, int(estimate_bytes))
 
     def bind(self, run: run_identity.RunRecord, *, config: dict | None = None) -> None:
         """From now on: checkpoints record `run` and `config`; only `run`'s are listed, resumed, pruned.
@@ -173,8 +177,9 @@ class CheckpointManager:
             (tmp / STATE_FILE).write_text(json.dumps({"step": step, **state}))
             manifest.write_manifest(tmp)
         except Exception as err:
+            full = _out_of_space(err, self.root)  # asked before the partial directory frees its space
             shutil.rmtree(tmp, ignore_errors=True)  # never left behind to fill the disk or be tripped over
-            if not _out_of_space(err):
+            if not full:
                 raise  # e.g. a worker died: the restart logic handles it
             raise CheckpointWriteFailed(self._failure_line(step, need, f"the disk filled up ({_first_line(err)})")) from None
         from rlframe.controller.lifecycle import run_lock
@@ -193,13 +198,15 @@ class CheckpointManager:
         return final
 
     def _check_space(self, step: int) -> int:
-        """Bytes the checkpoint will take (the size of this run's newest one; 0 when there is none yet);
-        CheckpointWriteFailed before anything is written when the disk has less free."""
+        """Bytes the checkpoint will take (the size of this run's newest one; before the first, the
+        estimate from the model and optimizer state); CheckpointWriteFailed before anything is written
+        when the disk has less free."""
         done = self.complete()
-        need = _tree_bytes(done[-1][1]) if done else 0
+        need = _tree_bytes(done[-1][1]) if done else self.estimate_bytes
         self.root.mkdir(parents=True, exist_ok=True)
         if need > shutil.disk_usage(self.root).free:
-            raise CheckpointWriteFailed(self._failure_line(step, need, "not enough free space"))
+            why = "not enough free space" + ("" if done else " (the size estimated from the model and optimizer state)")
+            raise CheckpointWriteFailed(self._failure_line(step, need, why))
         return need
 
     def _failure_line(self, step: int, need: int, why: str) -> str:
@@ -231,18 +238,43 @@ def _tree_bytes(path: Path) -> int:
     return sum(f.stat().st_size for f in Path(path).rglob("*") if f.is_file())
 
 
-def _out_of_space(err: BaseException) -> bool:
-    """A write failed for a full disk (or quota), raised here or inside a worker (its text travels)."""
+# torch.save's zip writer reports a short write (a full disk) without errno: "basic_ios::clear: iostream
+# error" for the record, then "[enforce fail at inline_container.cc:NNN] . unexpected pos 704 vs 598" for the
+# end of the file (the error raised): a full disk only when the disk is (nearly) full then.
+ZIP_WRITER_SHORT_WRITE = ("unexpected pos", "enforce fail at inline_container", "basic_ios::clear: iostream error")
+NEARLY_FULL_BYTES = 64 * 2**20  # free space below which a short write is taken for a full disk
+
+
+def _out_of_space(err: BaseException, root: Path | None = None) -> bool:
+    """A write failed for a full disk (or quota), raised here or inside a worker (its text travels).
+    torch's zip writer says only "unexpected pos": that counts when the filesystem of `root` has less
+    than NEARLY_FULL_BYTES free (os.statvfs), asked before the partial directory is removed."""
     import errno
 
     if isinstance(err, OSError) and err.errno in (errno.ENOSPC, errno.EDQUOT):
         return True
     text = str(err)
-    return "No space left on device" in text or "Disk quota exceeded" in text
+    if "No space left on device" in text or "Disk quota exceeded" in text:
+        return True
+    if root is not None and any(s in text for s in ZIP_WRITER_SHORT_WRITE):
+        return _free_bytes(root) < NEARLY_FULL_BYTES
+    return False
+
+
+def _free_bytes(path: Path) -> int:
+    """Bytes an unprivileged writer may still use on the filesystem of `path` (its nearest existing parent)."""
+    import os
+
+    path = Path(path)
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    st = os.statvfs(path)
+    return st.f_bavail * st.f_frsize
 
 
 def _first_line(err: BaseException) -> str:
-    lines = [ln for ln in str(err).splitlines() if "No space left" in ln or "quota" in ln.lower()]
+    lines = [ln for ln in str(err).splitlines()
+             if "No space left" in ln or "quota" in ln.lower() or ZIP_WRITER_SHORT_WRITE[0] in ln]
     return (lines[0] if lines else str(err).splitlines()[0] if str(err) else type(err).__name__).strip()[:200]
 
 

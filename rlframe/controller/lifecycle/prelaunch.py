@@ -61,6 +61,15 @@ def launch_hosts(cfg: RunConfig) -> None:
     _launched[(cfg.trainer.experiment, "hybrid")] = (pool, hosts)
 
 
+def run_hosts(cfg: RunConfig) -> list[str]:
+    """"hostname (ip)" of each node the run's processes go to: the nodes its launched processes were
+    placed on (colocated), else (split placement: placed later) the Ray cluster's alive nodes."""
+    from rlframe.single_controller.resource_pool import node_hosts
+
+    launched = _launched.get((cfg.trainer.experiment, "hybrid"))
+    return node_hosts(launched[0].node_ids() if launched is not None else None)
+
+
 def take_hosts(cfg: RunConfig, name: str) -> tuple[ResourcePool, HostSet] | None:
     """The (pool, processes) launched for group `name` of this run, once; None if none were."""
     return _launched.pop((cfg.trainer.experiment, name), None)

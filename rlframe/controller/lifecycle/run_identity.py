@@ -324,7 +324,10 @@ def _note(key: str, new: dict, old: dict) -> str:
 
 def resume_changes(info: dict | None, cfg, *, checkpoint: str | Path) -> list[str]:
     """One line per config key whose value differs from the config `checkpoint` was written with
-    (`info` = checkpoint_run_info(checkpoint)), saying what the resumed run does with it."""
+    (`info` = checkpoint_run_info(checkpoint)), saying what the resumed run does with it. A key that has
+    no effect in this config (a KL term's key while that term is off) is not named."""
+    from rlframe.config.kl_settings import kl_key_acts
+
     name = Path(checkpoint).name
     if not info or "config" not in info:
         return [f"resume: {name} does not record the config it was written with (written by an older "
@@ -334,6 +337,8 @@ def resume_changes(info: dict | None, cfg, *, checkpoint: str | Path) -> list[st
     lines = []
     for key in sorted(set(flat_new) | set(flat_old)):
         if key in _IGNORED or flat_new.get(key) == flat_old.get(key):
+            continue
+        if not kl_key_acts(key, new.get("algorithm", {})):  # a KL term that is off: its keys do nothing
             continue
         lines.append(f"resume: {key} changed since {name}: {flat_old.get(key)!r} -> {flat_new.get(key)!r}; "
                      f"{_note(key, new, old)}")

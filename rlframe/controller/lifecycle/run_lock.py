@@ -268,6 +268,20 @@ class RunLock:
         self.release()
 
 
+def live_holder(run_dir: str | Path) -> RunLocked | None:
+    """The refusal a launch in `run_dir` meets now, without taking the lock: RunLocked naming the live
+    process that holds it; None when nobody does, or its holder is gone (a launch takes the lock over).
+    Asked before a launch validates and plans its config, whose checks (trainer.prometheus_port free,
+    the checkpoint to resume) would otherwise answer for the holder: the port is the live run's."""
+    lock = RunLock(run_dir)
+    if str(lock.run_dir.resolve()) in _held:
+        return RunLocked(f"run directory {lock.run_dir} is already held by this process (a run in progress)")
+    info = read_lock(lock.path)
+    if not info or lock.stale_reason(info) is not None:  # absent, being written (acquire waits), or stale
+        return None
+    return lock._refusal(info)
+
+
 def check_held(run_dir: str | Path) -> None:
     """Raise RunLockLost if this process locked `run_dir` and another launch has since taken it over."""
     lock = _held.get(str(Path(run_dir).resolve()))

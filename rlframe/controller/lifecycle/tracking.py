@@ -35,6 +35,33 @@ class RunFilesWriteFailed(RuntimeError):
     is full: the run ends with one line, like a checkpoint that does not fit."""
 
 
+def _writer_thread_disk_full(args) -> bool:
+    """A threading.excepthook's args: TensorBoard's writer thread failed for a full disk (or quota)."""
+    import errno
+
+    return (type(args.thread).__module__.startswith("tensorboard.") and isinstance(args.exc_value, OSError)
+            and args.exc_value.errno in (errno.ENOSPC, errno.EDQUOT))
+
+
+def _quiet_full_disk_in_writer_threads() -> None:
+    """TensorBoard's writer thread keeps its write error for the writer, whose flush() raises it in the
+    driver (where `_disk_errors` ends the run with one line), then raises it again in the thread, which
+    printed its own traceback first ("Exception in thread ... event_file_writer.py"): a full disk's is
+    not printed (threading.excepthook, installed once; every other thread's error is as before)."""
+    import threading
+
+    previous = threading.excepthook
+    if getattr(previous, "rlframe_quiet_full_disk", False):
+        return
+
+    def hook(args):
+        if not _writer_thread_disk_full(args):
+            previous(args)
+
+    hook.rlframe_quiet_full_disk = True
+    threading.excepthook = hook
+
+
 def _numeric(metrics: dict) -> dict[str, float]:
     """Numbers as floats, every non-finite one as NaN (inf would not survive every sink)."""
     out = {}
@@ -69,6 +96,7 @@ class Tracker:
             # its writer thread takes events through a queue of 10 by default: a step's ~60 scalars
             # then wait on the file writes in the driver's step (1.4 ms per step on the demo)
             self._tb = SummaryWriter(str(self.run_dir / "tensorboard"), max_queue=1000)
+            _quiet_full_disk_in_writer_threads()
         if "wandb" in sinks:
             import wandb
 
@@ -236,8 +264,19 @@ def format_console(step: int, total: int, metrics: dict) -> str:
     keys = [("critic/score/mean", "reward"), ("val/accuracy", "val_acc"), ("response_length/mean", "len"),
             ("actor/pg_loss", "pg_loss"), ("actor/reference_kl", "ref_kl"), ("actor/ppo_kl", "ppo_kl"),
             ("timing_s/step", "s/step")]
-    parts = [f"{short}={metrics[k]:.3f}" for k, short in keys if k in metrics]
+    parts = [f"{short}={console_number(metrics[k])}" for k, short in keys if k in metrics]
     return f"step {step}/{total} " + " ".join(parts)
+
+
+def console_number(value) -> str:
+    """A metric for the console: 3 decimals, or where they would show (almost) nothing, 2 significant
+    digits (`-1.2e-04`, not `-0.000`); exactly 0 is `0`."""
+    v = float(value)
+    if v == 0:
+        return "0"
+    if not math.isfinite(v) or abs(v) >= 0.01:
+        return f"{v:.3f}"
+    return f"{v:.1e}"
 
 
 class progress:
@@ -259,7 +298,7 @@ class progress:
         if self.bar is None:
             say(format_console(self.step, self.total, metrics))
             return
-        post = {k: f"{metrics[m]:.3f}" for k, m in (("reward", "critic/score/mean"), ("val_acc", "val/accuracy"),
+        post = {k: console_number(metrics[m]) for k, m in (("reward", "critic/score/mean"), ("val_acc", "val/accuracy"),
                                                       ("ref_kl", "actor/reference_kl")) if m in metrics}
         self.bar.set_postfix(post)
         self.bar.update(1)

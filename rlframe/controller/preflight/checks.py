@@ -38,10 +38,14 @@ class Check:
     detail: str = ""
     cause: str = ""  # what most likely breaks it, naming the settings; shown when it fails
     step: int = 0
+    at_least: bool = False  # the rule is value >= limit (a floor), not value <= limit
+    measure: str = ""  # what the value is, printed before it (e.g. "chance")
 
     def line(self) -> str:
         status = "ok  " if self.ok else "FAIL"
-        text = f"{status} step {self.step} {self.name}: {self.value:.3g} (limit {self.limit:.3g})"
+        value = f"{self.measure} {self.value:.3g}" if self.measure else f"{self.value:.3g}"
+        rule = f"must be >= {self.limit:.3g}" if self.at_least else f"limit {self.limit:.3g}"
+        text = f"{status} step {self.step} {self.name}: {value} ({rule})"
         text += f" {self.detail}" if self.detail else ""
         return text + ("" if self.ok else f"\n       likely cause: {self.cause}")
 
@@ -109,19 +113,24 @@ def duplicate_counts(batch, *, rare: float = 0.1) -> dict[str, float]:
     return out
 
 
+DUPLICATE_CHANCE_FLOOR = 1e-3  # duplicates less likely than this by chance fail
+
+
 def duplicate_samples(counts: dict[str, float], *, temperature: float, scope: str = "") -> Check:
     """Samples of one group are independent draws: fails when the duplicates seen, all of them or those
     of unlikely samples, are beyond chance (Poisson tail below 1e-3), i.e. shared seeds rather than a
-    confident model. `counts`: duplicate_counts of one batch, or their sums over several."""
+    confident model. `counts`: duplicate_counts of one batch, or their sums over several. Its value is
+    that chance (the smaller of the two), its limit the floor 1e-3 it must reach."""
     tail = min(_poisson_tail(int(counts["seen"]), counts["expected"]),
                _poisson_tail(int(counts["seen_rare"]), counts["expected_rare"]))
-    return Check(f"duplicate samples in a group{scope} (temperature {temperature})", tail >= 1e-3, counts["seen"],
-                 counts["expected"], f"(the limit is their expectation by chance over {counts['groups']:.0f} groups; "
-                 f"{counts['seen_rare']:.0f} duplicates of unlikely samples, {counts['expected_rare']:.2g} expected; "
-                 f"chance of this many or more {tail:.2g})",
+    return Check(f"duplicate samples in a group{scope} (temperature {temperature})", tail >= DUPLICATE_CHANCE_FLOOR,
+                 tail, DUPLICATE_CHANCE_FLOOR,
+                 f"(chance of this many duplicate pairs or more: {counts['seen']:.0f} seen where "
+                 f"{counts['expected']:.2g} are expected over {counts['groups']:.0f} groups; of unlikely samples "
+                 f"(p < 0.1) {counts['seen_rare']:.0f} seen, {counts['expected_rare']:.2g} expected; the smaller chance decides)",
                  "samples of one group drawn with the same seed: seeds must follow the sample's global identity "
                  "(rollout/seeds.py), not its row in a generation replica's chunk (generation replicas, "
-                 "rollout.partial_budget, agent.enabled)")
+                 "rollout.partial_budget, agent.enabled)", at_least=True, measure="chance")
 
 
 def _poisson_tail(k: int, mean: float) -> float:

@@ -15,7 +15,7 @@ import torch
 
 from rlframe.controller.trainers.metrics import ended_and_cut
 from rlframe.controller.trainers.partial_rollout import plain_json
-from rlframe.controller.trainers.phases import REWARD_EXTRA, decode_responses
+from rlframe.controller.trainers.phases import REWARD_EXTRA, REWARD_TEXT, decode_responses
 from rlframe.protocol import DataProto
 
 # per-sample values of the reward (phases.score), under score_parts when the batch has them
@@ -72,7 +72,7 @@ def sample_rows(batch: DataProto, tokenizer, *, step: int, version: int, end_ids
         row = {"step": step, "index": index, "uid": _field(nt, "uid", i), "data_source": _field(nt, "data_source", i),
                "prompt": prompts[i], "response": responses[i], "ground_truth": _field(nt, "ground_truth", i),
                "reward": _number(score[i]) if score is not None else None,
-               "score_parts": _score_parts(b, keys, extras, i),
+               "score_parts": _score_parts(b, keys, extras, i, nt),
                "advantage": _number(adv[i]) if adv is not None else None,
                "response_length": int(mask[i].sum()), "finished": bool(ended[i]), "truncated": bool(cut[i]),
                "policy_version": int(versions[i])}
@@ -96,13 +96,17 @@ def _number(x) -> float | None:
     return v if math.isfinite(v) else None
 
 
-def _score_parts(b, keys: set, extras: list[str], i: int) -> dict:
-    """What the sample's reward is made of: the reward function's score and verdict, its extra values
-    (absent ones left out), an overlong penalty, the reward model's score (and each model's)."""
+def _score_parts(b, keys: set, extras: list[str], i: int, nt: dict | None = None) -> dict:
+    """What the sample's reward is made of: the reward function's score and verdict, its extra values,
+    numbers and strings (absent ones left out), an overlong penalty, the reward model's score (and each
+    model's)."""
     parts = {k: _number(b[k][i]) for k in SCORE_PARTS if k in keys}
     for k in extras:
         if (v := _number(b[k][i])) is not None:
             parts[k[len(REWARD_EXTRA):]] = v
+    for k in sorted(k for k in (nt or {}) if k.startswith(REWARD_TEXT)):
+        if isinstance(v := nt[k][i], str):
+            parts[k[len(REWARD_TEXT):]] = v
     if "rm_score_per_model" in keys:
         parts["rm_score_per_model"] = [_number(v) for v in b["rm_score_per_model"][i]]
     return parts

@@ -26,6 +26,7 @@ from rlframe.agents.environment import Running, episode_metrics, load_environmen
 from rlframe.agents.openai_endpoint import EndpointLimits, OpenAIEndpoint
 from rlframe.controller.trainers.phases import REWARD_EXTRA
 from rlframe.protocol import DataProto
+from rlframe.rewards.manager import RewardErrorsExceeded
 from rlframe.workers.rollout import SamplingConfig
 from rlframe.workers.rollout.batch import assemble_batch, left_pad
 
@@ -33,11 +34,46 @@ ENV_REWARD, ENV_FAILED = "env_reward", "env_failed"
 MODEL_NAME = "policy"
 
 
+class EpisodeErrorsExceeded(RewardErrorsExceeded):
+    """More than reward.max_error_fraction of a rollout's episodes failed (the environment is the
+    run's reward), or none recorded a token to train on: the run stops as for a failing reward
+    function (exit code 1, one message: how many failed and how, the first failure, what to check)."""
+
+    def __init__(self, message: str, *, failed: int, total: int, max_error_fraction: float | None, first: str):
+        self.failed, self.total, self.max_error_fraction, self.first_traceback = failed, total, max_error_fraction, first
+        RuntimeError.__init__(self, message)
+
+
+def check_episodes(results: list, *, trained_tokens: int, max_error_fraction: float | None) -> None:
+    """EpisodeErrorsExceeded when more than `max_error_fraction` of the episodes failed (None: never),
+    or when no episode left a model token to train on (whatever the fraction: a step with no response
+    token cannot train)."""
+    failed = [r for r in results if r.status != "ok"]
+    n = len(results)
+    too_many = bool(failed) and max_error_fraction is not None and len(failed) > max_error_fraction * n
+    if not (too_many or (n and trained_tokens == 0)):
+        return
+    kinds = ", ".join(f"{k} {sum(r.status == k for r in failed)}" for k in ("error", "timeout", "bad_return")
+                      if any(r.status == k for r in failed))
+    first = " ".join(f"episode {failed[0].id} ({failed[0].status}): {failed[0].error}".split())[:600] \
+        if failed else "none failed"
+    why = (f"more than reward.max_error_fraction={max_error_fraction} allows, so the run stops instead of training "
+           "on zeros" if too_many else "and no episode recorded a model turn, so this step has nothing to train on")
+    raise EpisodeErrorsExceeded(
+        f"the environment's episodes failed on {len(failed)} of {n} episodes of a batch ({kinds or 'no failure'}), "
+        f"{why}. The first failure: {first}. Check agent.environment (the episode function), whether the "
+        "endpoint refused its requests (the reason is in the failure: e.g. the prompt longer than data.prompt_length "
+        "or sampling settings it does not take), agent.episode_timeout_s for timeouts; set "
+        "reward.max_error_fraction=1.0 to train on the episodes that did not fail",
+        failed=len(failed), total=n, max_error_fraction=max_error_fraction, first=first)
+
+
 class OpenAIAgentLoop:
     def __init__(self, cfg, tokenizer):
         agent = cfg.agent
         self.tokenizer, self.response_length = tokenizer, cfg.data.response_length
         self.environment = load_environment(agent.environment)
+        self.max_error_fraction = cfg.reward.max_error_fraction  # of the episodes (the run's reward)
         self.concurrency, self.timeout_s = agent.concurrency, agent.episode_timeout_s
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
         self._generate = None
@@ -78,6 +114,8 @@ class OpenAIAgentLoop:
                                concurrency=self.concurrency, timeout_s=self.timeout_s, prefix=prefix, running=running)
         episodes = self.endpoint.store.pop_all()
         batch = self._batch(prompts, [episodes.get(r.id) for r in results], results, n)
+        check_episodes(results, trained_tokens=int(batch.batch["response_mask"].sum()),
+                       max_error_fraction=self.max_error_fraction)
         metrics = episode_metrics(results)
         recorded = [episodes[r.id] for r in results if r.id in episodes]
         metrics.update({"agent/turns_mean": float(np.mean([e.turns for e in recorded])) if recorded else 0.0,

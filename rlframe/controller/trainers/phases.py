@@ -100,13 +100,16 @@ def decode_responses(tokenizer, batch: DataProto) -> list[str]:
 
 
 REWARD_EXTRA = "reward_extra:"  # batch keys of the reward function's extra values, per sample (NaN: absent)
+# non-tensor keys of the reward function's string extras, per sample (None: absent): in the generation
+# dumps' score_parts, not in the metrics
+REWARD_TEXT = "reward_text:"
 
 
 def score(batch: DataProto, *, cfg: RunConfig, tokenizer, reward_manager, reward_model=None) -> tuple[DataProto, dict]:
     """`token_level_scores` (B, R): the rule reward (or reward-model score) on the last token, plus
     what each sample's metrics are made of, per sample (B,): `verifier_score` (the reward function's
     score), `acc` (its verdict: score >= 1, before any shaping), `reward_failed`, the function's
-    extras, `overlong_penalty`. `reward_metrics` derives the step's metrics from them, so that they
+    extras (its strings as non-tensors, for the generation dumps), `overlong_penalty`. `reward_metrics` derives the step's metrics from them, so that they
     describe exactly the rows a batch holds (after DAPO's refills too)."""
     nt, b = batch.non_tensor_batch, batch.batch
     if "env_reward" in b.keys():  # agent.mode=openai: each episode's environment scored it (openai_agent.py)
@@ -120,6 +123,8 @@ def score(batch: DataProto, *, cfg: RunConfig, tokenizer, reward_manager, reward
         b["reward_failed"] = torch.as_tensor(result.failed, dtype=torch.float32)
         for k, v in result.extras.items():
             b[REWARD_EXTRA + k] = torch.as_tensor(v, dtype=torch.float32)
+        for k, v in result.texts.items():
+            nt[REWARD_TEXT + k] = v
     if reward_model is not None:
         rm = reward_model.compute_rm_score(batch).batch
         scores = b["rm_score"] = rm["rm_scores"].float()
@@ -135,11 +140,14 @@ def score(batch: DataProto, *, cfg: RunConfig, tokenizer, reward_manager, reward
 
 def align_reward_extras(batches: list[DataProto]) -> list[DataProto]:
     """Batches scored separately (DAPO's rounds) with the same extra keys (NaN where a round's
-    reward function returned none), so that they concatenate."""
+    reward function returned none; None for a string extra), so that they concatenate."""
     keys = {k for b in batches for k in b.batch.keys() if k.startswith(REWARD_EXTRA)}
+    texts = {k for b in batches for k in b.non_tensor_batch if k.startswith(REWARD_TEXT)}
     for b in batches:
         for k in keys - set(b.batch.keys()):
             b.batch[k] = torch.full((len(b),), float("nan"))
+        for k in texts - set(b.non_tensor_batch):
+            b.non_tensor_batch[k] = np.array([None] * len(b), dtype=object)
     return batches
 
 

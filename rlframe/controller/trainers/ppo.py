@@ -24,7 +24,6 @@ from pathlib import Path
 import torch
 
 from rlframe.config.algorithms import estimator_traits
-from rlframe.algos.dapo import filter_groups_by_reward_variance
 from rlframe.algos.kl import make_kl_controller
 from rlframe.config.build import to_dict
 from rlframe.config.schema import RunConfig
@@ -39,7 +38,7 @@ from rlframe.controller.trainers.generations import GenerationDump
 from rlframe.controller.trainers.metrics import batch_metrics, gathered, overhead, throughput
 from rlframe.controller.trainers.partial_rollout import PartialRollouts
 from rlframe.controller.lifecycle.preemption import Preempted, PreemptionWatch
-from rlframe.controller.trainers.prepare import build_data, model_path
+from rlframe.controller.trainers.prepare import build_data, model_line, model_path
 from rlframe.controller.trainers.roles import build_roles
 from rlframe.controller.trainers.stream_rollout import StreamingRollouts
 from rlframe.controller.lifecycle.tracking import Tracker, format_console, progress
@@ -60,7 +59,7 @@ class PPOTrainer:
         from transformers import AutoTokenizer
 
         self.cfg, self.run_dir = cfg, Path(run_dir)
-        say(f"model: {cfg.model.path or f'tiny preset {cfg.model.tiny_preset!r} (built and pre-trained on first use)'}")
+        say(model_line(cfg))  # where the model comes from: model.path, or the tiny preset's shipped or built copy
         self.actor_path = model_path(cfg)
         self.tokenizer = AutoTokenizer.from_pretrained(self.actor_path)
         self.end_ids = end_of_sequence_ids(self.tokenizer, self.actor_path)  # every id a response may end with
@@ -75,15 +74,17 @@ class PPOTrainer:
         alg = cfg.algorithm
         self.kl_ctrl = make_kl_controller(kind="adaptive" if alg.kl_target else "fixed", kl_coef=alg.kl_coef,
                                           target_kl=alg.kl_target, horizon=alg.kl_horizon)
-        critic = f", critic {_layout_text(cfg.critic)}" if cfg.uses_critic else ""
-        say(f"starting worker groups ({cfg.resources.placement}, {process_count(cfg)} "
-            f"processes): actor {_layout_text(cfg.actor)}{critic}, rollout {cfg.rollout.backend} tp={cfg.rollout.tp}"
-            + (f" in its own {role_world_sizes(cfg)['rollout']} process(es)" if cfg.resources.placement == "split" else ""))
+        from rlframe.controller.lifecycle.prelaunch import run_hosts
+
+        say(worker_groups_line(cfg, run_hosts(cfg)))
         self.roles = build_roles(cfg, actor_path=self.actor_path, critic_path=cfg.model.critic_path or self.actor_path)
         self.tracker = Tracker(self.run_dir, sinks=cfg.trainer.loggers, experiment=cfg.trainer.experiment,
                                config=to_dict(cfg), plot=cfg.trainer.plot)
         self.generations = GenerationDump(cfg, self.tokenizer, self.tracker, end_ids=self.end_ids)
-        self.ckpt = CheckpointManager(self.run_dir, keep=cfg.trainer.keep_checkpoints)
+        from rlframe.plan.memory_estimate import estimated_checkpoint_bytes
+
+        self.ckpt = CheckpointManager(self.run_dir, keep=cfg.trainer.keep_checkpoints,
+                                      estimate_bytes=estimated_checkpoint_bytes(cfg))  # the first one's free space
         self.step = 0
         self._last_save, self._save_s = time.monotonic(), 0.0  # when the last checkpoint ended; how long it took
         self.saved: Path | None = None  # the checkpoint of this run last written or resumed from
@@ -279,28 +280,25 @@ class PPOTrainer:
 
     def fill_with_informative_groups(self, batch: DataProto) -> tuple[DataProto, dict]:
         """DAPO dynamic sampling: keep the groups whose rewards differ, sample more prompts until
-        the batch is full or `max_gen_batches` ran; a batch still short is topped up with the
-        first dropped groups (their advantages are zero, so they only dilute, never mislead)."""
-        alg, want = self.cfg.algorithm, len(batch)
-        kept, dropped, rounds = [], [], 1
-        while True:
-            res = filter_groups_by_reward_variance(scores=batch.batch["token_level_scores"].sum(-1),
-                                                   index=batch.non_tensor_batch["uid"])
-            keep = torch.as_tensor(res.kept_indices, dtype=torch.long)
-            mask = torch.ones(len(batch), dtype=torch.bool)
-            mask[keep] = False
-            kept.append(batch.index(keep))
-            dropped.append(batch.index(mask))
-            if sum(len(k) for k in kept) >= want or rounds >= alg.max_gen_batches:
-                break
-            rounds += 1
-            batch, _ = self.rollout(self.next_prompts(), salt=rounds)
-            batch, _ = self.score(batch)
-        pool = DataProto.concat(phases.align_reward_extras([*kept, *dropped]))
-        n_kept = sum(len(k) for k in kept)
-        every_round = {f"dapo/all_rounds/{k}": v for k, v in phases.reward_metrics(pool).items()}
-        return pool.index(slice(0, want)), {"dapo/gen_batches": rounds, "dapo/kept_ratio": min(1.0, n_kept / want),
-                                            **every_round}
+        the batch is full or `max_gen_batches` ran; a batch still short is handled by
+        `algorithm.dynamic_sampling_at_cap` (refill / train_kept / stop: dynamic_sampling.py), and
+        the console says what it did with the numbers."""
+        from rlframe.algos.registry import resolve_loss_agg_mode
+        from rlframe.controller.trainers.dynamic_sampling import fill_with_informative_groups, row_unit
+
+        alg = self.cfg.algorithm
+
+        def more(rounds: int) -> DataProto:
+            scored, _ = self.score(self.rollout(self.next_prompts(), salt=rounds)[0])
+            return scored
+
+        batch, metrics, capped = fill_with_informative_groups(
+            batch, more, max_gen_batches=alg.max_gen_batches, at_cap=alg.dynamic_sampling_at_cap,
+            unit=row_unit(self.cfg), step=self.step)
+        if capped is not None:
+            say(capped.line(loss_agg_mode=resolve_loss_agg_mode(policy_loss=alg.policy_loss,
+                                                                 loss_agg_mode=alg.loss_agg_mode)))
+        return batch, metrics
 
     def validate(self) -> dict:
         if self.val_set is None:
@@ -463,6 +461,17 @@ class PPOTrainer:
         self.reward.close()
         if self.agent is not None:
             self.agent.close()
+
+
+def worker_groups_line(cfg: RunConfig, hosts: list[str]) -> str:
+    """The start-up's line of the worker groups: placement, processes (and, across hosts, the hosts:
+    "hostname (ip)" each), the roles' layouts."""
+    hosts = list(dict.fromkeys(hosts))  # Ray nodes on one machine are one host
+    where = f" on {len(hosts)} hosts: {', '.join(hosts)}" if len(hosts) > 1 else ""
+    critic = f", critic {_layout_text(cfg.critic)}" if cfg.uses_critic else ""
+    return (f"starting worker groups ({cfg.resources.placement}, {process_count(cfg)} processes{where}): "
+            f"actor {_layout_text(cfg.actor)}{critic}, rollout {cfg.rollout.backend} tp={cfg.rollout.tp}"
+            + (f" in its own {role_world_sizes(cfg)['rollout']} process(es)" if cfg.resources.placement == "split" else ""))
 
 
 def _layout_text(role) -> str:

@@ -11,6 +11,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from rlframe.config.schema import RunConfig
+from rlframe.config.task_fit import tiny_model_task
 
 
 def cache_root(cfg: RunConfig) -> Path:
@@ -39,16 +40,19 @@ def model_path(cfg: RunConfig) -> str:
                                       cache_dir=cache_root(cfg)))
 
 
-def tiny_model_task(cfg: RunConfig) -> str:
-    """The task the tiny model of a run without model.path is pre-trained on: data.task, or with
-    data.task=null (own data files only) the preset's own: tool_arithmetic for the BPE-tokenizer
-    preset 'agent', arithmetic for the others (the shipped demo model for the default preset)."""
-    if cfg.data.task is not None:
-        return cfg.data.task
-    from rlframe.data.tiny_model import PRESETS
+def model_line(cfg: RunConfig) -> str:
+    """The start-up's `model:` line: model.path, or the tiny preset and where its weights come from (the
+    repository's pre-trained copy, an earlier build cached on this machine, or a build now)."""
+    if cfg.model.path is not None:
+        return f"model: {cfg.model.path}"
+    from rlframe.data.pretrain import PRETRAIN_SEED, pretrained_source
 
-    shape = PRESETS.get(cfg.model.tiny_preset)
-    return "tool_arithmetic" if shape is not None and shape.tokenizer == "bpe" else "arithmetic"
+    task = tiny_model_task(cfg)
+    source = pretrained_source(preset=cfg.model.tiny_preset, task=task, seed=PRETRAIN_SEED,
+                               steps=cfg.model.tiny_pretrain_steps, cache_dir=cache_root(cfg))
+    how = {"shipped": "shipped pre-trained", "cached": f"pre-trained on the {task} task earlier, cached in "
+           f"{cache_root(cfg) / 'models'}", "build": f"built and pre-trained on the {task} task now, then cached"}[source]
+    return f"model: tiny preset {cfg.model.tiny_preset!r} ({how})"
 
 
 # Bump when the synthetic files change in a way data_settings does not capture.
@@ -80,27 +84,30 @@ def task_files(cfg: RunConfig) -> tuple[list[str], list[str]]:
     """Train/val files. Files the config lists are always used for their split (data.train_files
     for training, data.val_files for validation); a split with none comes from the synthetic task
     `data.task` when one is set (its splits generated once, cached in a folder whose settings.json
-    must equal `data_settings(cfg)`, else it is rebuilt), and is empty otherwise."""
-    train, val = list(cfg.data.train_files), list(cfg.data.val_files)
-    if cfg.data.task is None or (train and val):
+    must equal `data_settings(cfg)`, else it is rebuilt), and is empty otherwise. data.val_files=null
+    asks for no validation: the validation split is then empty whatever the task."""
+    no_val = cfg.data.val_files is None
+    train, val = list(cfg.data.train_files), list(cfg.data.val_files or [])
+    if cfg.data.task is None or (train and (val or no_val)):
         return train, val
     settings = data_settings(cfg)
     key = hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:16]
     final = cache_root(cfg) / "data" / f"{cfg.data.task}-{key}"
     if recorded_settings(final) != settings:
         _write_task_files(cfg, settings, final)
-    return train or [str(final / "train.parquet")], val or [str(final / "test.parquet")]
+    return train or [str(final / "train.parquet")], val or ([] if no_val else [str(final / "test.parquet")])
 
 
 def data_origin(cfg: RunConfig) -> str | None:
     """One line saying where each split comes from when the config mixes files and a synthetic task
     (e.g. `data.train_files` given with the default `data.task`); None when it does not."""
     d = cfg.data
-    if d.task is None or not (d.train_files or d.val_files):
+    if d.task is None or not (d.train_files or d.val_files or d.val_files is None):
         return None
     train = f"data.train_files ({len(d.train_files)} file(s))" if d.train_files else f"the {d.task} task's train split"
-    val = f"data.val_files ({len(d.val_files)} file(s))" if d.val_files else f"the {d.task} task's held-out split"
-    return (f"data: training on {train}, validating on {val} (files given are used for their split; "
+    val = ("no validation (data.val_files=null)" if d.val_files is None else "validating on "
+           + (f"data.val_files ({len(d.val_files)} file(s))" if d.val_files else f"the {d.task} task's held-out split"))
+    return (f"data: training on {train}, {val} (files given are used for their split; "
             f"data.task={d.task} fills a split without files)")
 
 

@@ -2,13 +2,14 @@
 an explicit damaged path fails naming the file, retention never deletes the newest verified one."""
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from rlframe.controller.lifecycle.checkpoint import CheckpointManager
+from rlframe.controller.lifecycle.checkpoint import NEARLY_FULL_BYTES, CheckpointManager
 from rlframe.utils.manifest import CheckpointDamaged, write_manifest
 
 
@@ -113,6 +114,67 @@ def test_a_write_that_fills_the_disk_removes_its_partial_directory(tmp_path):
         mgr.save(3, save_roles=worker_died, state={})
     assert list((tmp_path / "checkpoints").iterdir()) == []
 
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 1 MiB tmpfs: a filesystem that fills up."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a small tmpfs needs root (CI runs as root)")
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(disk)], check=True)
+    try:
+        yield disk
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], check=False)
+
+
+def test_a_first_checkpoint_too_big_for_the_disk_is_refused_before_writing(small_disk):
+    """Before any checkpoint gives a size, the estimate from the model and optimizer state decides."""
+    from rlframe.controller.lifecycle.checkpoint import CheckpointWriteFailed
+
+    written = []
+    mgr = CheckpointManager(small_disk, keep=2, estimate_bytes=8 * 2**20)
+    with pytest.raises(CheckpointWriteFailed) as caught:
+        mgr.save(1, save_roles=written.append, state={})
+    line = str(caught.value)
+    assert "\n" not in line and line.startswith("checkpoint of step 1 not written in ")
+    assert "not enough free space (the size estimated from the model and optimizer state)" in line
+    assert "needs about 8.0 MiB" in line and "MiB are free" in line and "newest intact checkpoint: none" in line
+    assert written == [] and list((small_disk / "checkpoints").iterdir()) == []
+
+    mgr.estimate_bytes = 2**10  # one that fits is written
+    assert mgr.save(1, save_roles=role_writer(), state={}).name == "step_000001"
+
+
+def test_the_zip_writers_error_on_a_full_disk_is_out_of_space(small_disk, tmp_path):
+    """torch.save's zip writer says only "unexpected pos N vs M" when the disk fills up; the manager
+    confirms the disk is full (statvfs) and reports it as the one line of a full disk."""
+    import torch
+
+    from rlframe.controller.lifecycle.checkpoint import CheckpointWriteFailed
+
+    def save_roles(tmp):
+        (tmp / "actor").mkdir()
+        torch.save({"w": torch.zeros(2**19)}, tmp / "actor" / "model.pt")  # 2 MiB on a 1 MiB disk
+
+    mgr = CheckpointManager(small_disk, keep=2)
+    with pytest.raises(CheckpointWriteFailed) as caught:
+        mgr.save(1, save_roles=save_roles, state={})
+    line = str(caught.value)
+    assert "\n" not in line and "the disk filled up (" in line and "unexpected pos" in line, line
+    assert list((small_disk / "checkpoints").iterdir()) == []  # the partial directory is gone
+
+    def other_zip_failure(tmp):  # the same words with room on the disk: not taken for a full disk
+        raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 704 vs 598")
+
+    roomy = tmp_path / "roomy"  # on the disk pytest's directories are on
+    if shutil.disk_usage(tmp_path).free < 2 * NEARLY_FULL_BYTES:
+        pytest.skip(f"too little free space to tell a full disk from another failure ({tmp_path})")
+    with pytest.raises(RuntimeError, match="unexpected pos") as caught:
+        CheckpointManager(roomy, keep=2).save(1, save_roles=other_zip_failure, state={})
+    assert not isinstance(caught.value, CheckpointWriteFailed)
 
 def test_partial_directories_of_earlier_attempts_are_removed_when_a_run_binds(tmp_path):
     from rlframe.controller.lifecycle.checkpoint import CheckpointManager

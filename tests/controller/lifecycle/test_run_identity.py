@@ -150,6 +150,25 @@ def test_resume_says_one_line_per_changed_setting(tmp_path):
     assert any("kl_target" in line and "restarts from algorithm.kl_coef=0.2" in line for line in adaptive), adaptive
 
 
+def test_resume_names_only_kl_keys_that_act(tmp_path):
+    """A GRPO run (KL in the loss, none in the reward): a changed algorithm.kl_coef has no effect there, so
+    the resume does not report it as applied; the loss's coefficient, which acts, is named."""
+    mgr = manager(tmp_path, cfg("algorithm=grpo"), keep=2)
+    path = save(mgr, 1)
+    lines = resume_changes(mgr.run_info(path), cfg("algorithm=grpo", "algorithm.kl_coef=0.05",
+                                                   "algorithm.kl_estimator=k3", "algorithm.kl_loss_coef=0.01"),
+                           checkpoint=path)
+    assert [line.split(" changed")[0] for line in lines] == ["resume: algorithm.kl_loss_coef"], lines
+    assert "0.001 -> 0.01; the config's value applies" in lines[0]
+    # the same keys in a run with KL in the reward (and none in the loss): the reward's keys are named
+    ppo = tmp_path / "ppo"
+    mgr = manager(ppo, cfg("algorithm.kl_in_reward=true"), keep=2)
+    path = save(mgr, 1)
+    lines = resume_changes(mgr.run_info(path), cfg("algorithm.kl_in_reward=true", "algorithm.kl_coef=0.05",
+                                                   "algorithm.kl_loss_coef=0.01"), checkpoint=path)
+    assert [line.split(" changed")[0] for line in lines] == ["resume: algorithm.kl_coef"], lines
+
+
 def test_kl_controllers_keep_what_the_user_set():
     fixed = FixedKLController(kl_coef=0.01)
     fixed.load_state_dict(FixedKLController(kl_coef=0.001).state_dict())

@@ -81,6 +81,30 @@ def test_heartbeat_refreshes_and_a_lost_lock_stops_saves(tmp_path):
     assert json.loads((tmp_path / LOCK_FILE).read_text())["token"] == "theirs"  # not ours to delete
 
 
+def test_a_live_runs_directory_is_named_before_its_metrics_port(tmp_path, capsys):
+    """A second launch of a live run that serves /metrics: refused for the run directory in use (the
+    real reason), not for the port (held by that run), whose suggested free port only led to the lock."""
+    from rlframe.controller.lifecycle.run_lock import live_holder
+    from rlframe.main import main
+
+    held = socket.socket()
+    held.bind(("127.0.0.1", 0))  # the live run's endpoint
+    held.listen()
+    port = held.getsockname()[1]
+    try:
+        write_lock(tmp_path / "run")  # the live run: this process, on this host
+        code = main([*COMMON, "data.train_batch_size=16", f"trainer.output_dir={tmp_path}", "trainer.experiment=run",
+                     f"trainer.prometheus_port={port}", "trainer.prometheus_host=127.0.0.1"])
+    finally:
+        held.close()
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert f"is in use by another run: host {socket.gethostname()!r} pid {os.getpid()}" in err, err
+    assert "prometheus_port" not in err, err
+
+    write_lock(tmp_path / "gone", pid=2**22 + 1)  # a holder that is gone: the launch takes the lock over
+    assert live_holder(tmp_path / "gone") is None and live_holder(tmp_path / "none") is None
+
 def launch(out_dir: Path, *extra: str) -> subprocess.Popen:
     args = [sys.executable, "-m", "rlframe.main", *COMMON, "data.train_batch_size=16", "trainer.total_steps=1",
             "trainer.val_every=0", "trainer.export_hf=false", "trainer.progress_bar=false",

@@ -53,6 +53,40 @@ def test_a_full_disk_ends_logging_with_one_error_not_a_thread_traceback(tmp_path
         subprocess.run(["umount", "-l", str(disk)], check=False)
 
 
+TENSORBOARD_FILLS_THE_DISK = """
+import sys, threading
+from rlframe.controller.lifecycle.tracking import RunFilesWriteFailed, Tracker
+tracker = Tracker(sys.argv[1], sinks=["tensorboard"], experiment="x", config={}, plot=False)
+metrics = {f"metric/{i:04d}": float(i) for i in range(400)}
+try:
+    for step in range(1, 1000):
+        tracker.log(metrics, step=step)
+except RunFilesWriteFailed as err:
+    print(err)
+for thread in threading.enumerate():  # the writer thread has ended (and said what it says) before the exit
+    if type(thread).__module__.startswith("tensorboard."):
+        thread.join(timeout=60)
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounting a small tmpfs needs root (CI runs as root)")
+def test_tensorboards_writer_thread_prints_no_traceback_on_a_full_disk(tmp_path):
+    """TensorBoard alone fills the disk: its writer thread's error ends the run as the one line, and the
+    thread prints nothing of its own (it printed "Exception in thread ... event_file_writer.py")."""
+    import sys
+
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(disk)], check=True)
+    try:
+        proc = subprocess.run([sys.executable, "-c", TENSORBOARD_FILLS_THE_DISK, str(disk)], capture_output=True,
+                              text=True, timeout=300)
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], check=False)
+    assert proc.returncode == 0, proc.stderr
+    assert "the run's files could not be written" in proc.stdout and "the disk is full" in proc.stdout, proc.stdout
+    assert "Exception in thread" not in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+
 def test_resume_drops_rows_after_the_checkpoint_so_none_is_twice(tmp_path):
     run = tmp_path / "run"
     run.mkdir()

@@ -42,6 +42,25 @@ def test_only_the_rare_channel_sees_duplicates_of_unlikely_samples():
     assert not checks.duplicate_samples(counts, temperature=1.0).ok
 
 
+def test_the_duplicate_line_prints_the_rule_that_decides():
+    """Its value is the chance of this many duplicates or more, which must reach 1e-3 (a floor, unlike the
+    other checks' limits); the counts seen and expected are its detail."""
+    counts = {"seen": 6.0, "expected": 0.46, "seen_rare": 0.0, "expected_rare": 0.01, "groups": 3.0}
+    check = checks.duplicate_samples(counts, temperature=2.0)
+    tail = checks._poisson_tail(6, 0.46)
+    assert not check.ok and check.value == tail < 1e-3 and check.limit == 1e-3
+    line = check.line()
+    assert line.startswith(f"FAIL step 0 duplicate samples in a group (temperature 2.0): chance {tail:.3g} "
+                           "(must be >= 0.001) ")
+    assert "6 seen where 0.46 are expected over 3 groups" in line and "limit" not in line
+    fine = checks.duplicate_samples({**counts, "seen": 1.0}, temperature=2.0)
+    assert fine.ok and fine.line().startswith(
+        "ok   step 0 duplicate samples in a group (temperature 2.0): chance 0.369 (must be >= 0.001)")
+    # the other checks keep value <= limit
+    assert checks.reward_repeats(torch.zeros(2), torch.zeros(2)).line().startswith(
+        "ok   step 0 reward function repeats its score: 0 (limit 0)")
+
+
 def test_group_zero_mean_and_estimators():
     good = _batch([[1]] * 4, [[0.0]] * 4, ["a", "a", "b", "b"], adv=[1.0, -1.0, 0.5, -0.5])
     bad = _batch([[1]] * 4, [[0.0]] * 4, ["a", "b", "a", "b"], adv=[1.0, -1.0, 0.5, -0.5])

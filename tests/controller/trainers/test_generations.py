@@ -43,7 +43,7 @@ def cfg():
                                      "trainer.rollout_dump_every=2", "trainer.rollout_dump_rows=4"])
 
 
-def rollout(tokenizer, cfg, tmp_path, *, versions=None):
+def rollout(tokenizer, cfg, tmp_path, *, versions=None, reward=REWARD):
     """3 prompts x 2 samples, scored by a reward function with an extra value and GRPO's advantages.
     Sample texts: right, wrong; right, "boom" (no extra); a response cut at the limit, empty."""
     prompts = ["1+1=", "2+3=", "4+4="]
@@ -67,7 +67,7 @@ def rollout(tokenizer, cfg, tmp_path, *, versions=None):
         "ground_truth": np.array([t for t in truths for _ in range(2)], dtype=object),
         "extra_info": np.array([None] * 6, dtype=object)})
     fn = tmp_path / "reward_fn.py"
-    fn.write_text(REWARD)
+    fn.write_text(reward)
     batch, _ = phases.score(batch, cfg=cfg, tokenizer=tokenizer, reward_manager=RewardManager(
         fn_spec=RewardFnSpec(path=str(fn), name="compute_score")))
     batch, _ = phases.advantages(batch, cfg=cfg, kl_ctrl=None)
@@ -105,6 +105,32 @@ def test_rows_hold_each_sample_with_its_fields(tokenizer, cfg, tmp_path):
                       response_length=R, limit=4)
     assert cut[0]["truncated"] and not cut[0]["finished"] and cut[0]["response_length"] == R
     assert cut[1]["response"] == "" and cut[1]["finished"] and "logprobs" not in cut[1]
+
+
+REASONED = REWARD.replace(
+    '"answered": bool(solution_str.strip())}',
+    '"answered": bool(solution_str.strip()), **({} if solution_str.strip() == ground_truth else '
+    '{"reason": f"expected {ground_truth}"})}')
+
+
+def test_string_extras_reach_score_parts_per_sample(tokenizer, cfg, tmp_path):
+    """docs/generations.md: every extra value the reward returned is in score_parts: a string (a reason) too,
+    for the samples that returned one; not a metric. DAPO's rounds with and without it still concatenate."""
+    batch = rollout(tokenizer, cfg, tmp_path, reward=REASONED)
+    rows = sample_rows(batch, tokenizer, step=1, version=0, end_ids={tokenizer.eos_token_id}, response_length=R,
+                       limit=6)
+    right, wrong, _, boom, _, _ = rows
+    assert wrong["score_parts"]["reason"] == "expected 2" and "reason" not in right["score_parts"]
+    assert "reason" not in boom["score_parts"] and boom["score_parts"]["verifier_score"] == 0.0
+    assert not any("reason" in k for k in phases.reward_metrics(batch))
+    json.dumps(rows)
+    (tmp_path / "plain").mkdir()
+    plain = rollout(tokenizer, cfg, tmp_path / "plain", reward=REWARD)  # a round whose samples returned no string
+    both = DataProto.concat(phases.align_reward_extras([batch, plain]))
+    assert both.non_tensor_batch["reward_text:reason"].tolist()[6:] == [None] * 6
+    rows = sample_rows(both.index(torch.arange(6, 12)), tokenizer, step=1, version=0, end_ids={tokenizer.eos_token_id},
+                       response_length=R, limit=6)
+    assert not any("reason" in r["score_parts"] for r in rows)
 
 
 def test_rows_take_the_batch_policy_version_and_agent_turns(tokenizer, cfg, tmp_path):

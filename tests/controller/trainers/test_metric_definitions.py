@@ -65,6 +65,11 @@ def definitions(rec, batch) -> dict[str, float]:
         out["reward/overlong_penalty_mean"] = penalty.mean().item()
         shaped = shaped + penalty
     out["_score_is_shaped_reward"] = float(torch.allclose(b["token_level_scores"].sum(-1), shaped, atol=1e-6))
+    if cfg.algorithm.dynamic_sampling:  # the rows trained on, and the share of them in groups whose rewards differ
+        s, uids = b["token_level_scores"].sum(-1).tolist(), list(nt["uid"])
+        differ = {u for u in set(uids) if len({v for v, w in zip(s, uids) if w == u}) > 1}
+        out["dapo/trained_rows"] = float(len(uids))
+        out["dapo/informative_ratio"] = sum(u in differ for u in uids) / len(uids)
     if "advantages" in b.keys():
         out.update({**_stats("critic/rewards", b["token_level_rewards"].sum(-1)),
                     **_stats("critic/advantages", b["advantages"][mask]), **_stats("critic/returns", b["returns"][mask])})
