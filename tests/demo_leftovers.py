@@ -27,7 +27,10 @@ def plant_demo_checkpoint(cwd: Path) -> Path:
     ckpt = cwd / "outputs" / cfg.trainer.experiment / "checkpoints" / DEMO_STEP
     ckpt.mkdir(parents=True)
     (ckpt / "trainer_state.json").write_text(json.dumps({"step": 60}))
-    (ckpt / "run.json").write_text(json.dumps({"run_id": "demo", "identity": {}, "config": to_dict(cfg)}))
+    from rlframe.controller.lifecycle.run_identity import config_dict, identity_of
+
+    (ckpt / "run.json").write_text(json.dumps({"run_id": "demo", "identity": identity_of(config_dict(cfg)),
+                                               "config": to_dict(cfg)}))
     manifest.write_manifest(ckpt)
     return ckpt
 

@@ -68,7 +68,7 @@ def resumed_plan(cfg):
     resume=auto); none, or one the trainer would refuse, leaves the plan to the search (the trainer
     then says why it refuses)."""
     from rlframe.controller.lifecycle.checkpoint import resume_checkpoint
-    from rlframe.controller.lifecycle.run_identity import checkpoint_run_info
+    from rlframe.controller.lifecycle.run_identity import checkpoint_run_info, config_dict, identity_diff, identity_of
     from rlframe.plan.space import plan_of
 
     t = cfg.trainer
@@ -79,6 +79,8 @@ def resumed_plan(cfg):
     info = checkpoint_run_info(found) if found else None
     if not info or "config" not in info:
         return None
+    if identity_diff(info.get("identity", {}), identity_of(config_dict(cfg))):
+        return None  # another run's checkpoint: the trainer refuses the directory (RunDirConflict), naming the keys
     try:
         return plan_of(cfg, info["config"]), found
     except (KeyError, TypeError):  # written by a version without some of the keys: plan afresh

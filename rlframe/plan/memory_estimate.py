@@ -285,16 +285,18 @@ class Estimate:
         return out
 
 
-def checkpoint_bytes(cfg: RunConfig, shapes: dict[str, tuple[int, ...]], wbytes: int) -> int:
+def checkpoint_bytes(cfg: RunConfig, shapes: dict[str, tuple[int, ...]], wbytes: int,
+                     critic_shapes: dict[str, tuple[int, ...]] | None = None) -> int:
     """About the bytes a run checkpoint takes on disk (each parameter once, whatever the layout): per
     trained role (actor, critic) its weights as its engine keeps them (fp32 where its spec says so,
     else the compute dtype `wbytes`), AdamW's two fp32 moments, and fp32 main weights of compute-dtype
     parameters; a LoRA role's checkpoint holds only its adapters (fp32, with their moments). The
-    reference is not saved. The checkpoint manager checks the first checkpoint's free space with it."""
+    reference is not saved. The checkpoint manager checks the first checkpoint's free space with it.
+    `critic_shapes`: the critic's own model (model.critic_path), when it is another than the actor's."""
     total = 0
     for role in (r for r in training_roles(cfg) if r.trained):
         c, spec = role.cfg, engine_spec(role.cfg.strategy)
-        role_sh = role_shapes(shapes, role.head)
+        role_sh = role_shapes(critic_shapes if role.head == "value" and critic_shapes is not None else shapes, role.head)
         n = sum(prod(s) for s in role_sh.values())
         if c.lora_rank > 0:
             total += int(n * lora_fraction(role_sh, c)) * 12
@@ -310,4 +312,13 @@ def estimated_checkpoint_bytes(cfg: RunConfig) -> int:
     from rlframe.plan.dry_run import model_dims, runtime_dtype
     from rlframe.resharding.formats import hf_param_shapes
 
-    return checkpoint_bytes(cfg, hf_param_shapes(model_dims(cfg)), runtime_dtype(cfg).itemsize)
+    critic = None
+    if cfg.model.critic_path is not None:  # another model than the actor's: its own config.json
+        import json
+        from pathlib import Path
+
+        from rlframe.resharding.formats import ModelDims
+
+        raw = json.loads((Path(cfg.model.critic_path).expanduser() / "config.json").read_text())
+        critic = hf_param_shapes(ModelDims.from_hf_config(ModelDims.config_namespace(raw)))
+    return checkpoint_bytes(cfg, hf_param_shapes(model_dims(cfg)), runtime_dtype(cfg).itemsize, critic_shapes=critic)

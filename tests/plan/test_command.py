@@ -100,6 +100,7 @@ def test_a_resumed_run_keeps_its_checkpoints_plan(tmp_path, capsys):
     import json
 
     from rlframe.config.build import to_dict
+    from rlframe.controller.lifecycle.run_identity import config_dict, identity_of
     from rlframe.plan.command import auto_plan
     from rlframe.utils import manifest
 
@@ -112,7 +113,8 @@ def test_a_resumed_run_keeps_its_checkpoints_plan(tmp_path, capsys):
         ckpt = tmp_path / cfg.trainer.experiment / "checkpoints" / f"step_{step:06d}"
         ckpt.mkdir(parents=True)
         (ckpt / "trainer_state.json").write_text("{}")
-        (ckpt / "run.json").write_text(json.dumps({"run_id": "x", "identity": {}, "config": to_dict(written)}))
+        (ckpt / "run.json").write_text(json.dumps({"run_id": "x", "identity": identity_of(config_dict(cfg)),
+                                                   "config": to_dict(written)}))
         manifest.write_manifest(ckpt)
         return ckpt
 

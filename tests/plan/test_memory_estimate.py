@@ -43,3 +43,22 @@ def test_cuda_context_and_nccl_constant_covers_a_measured_process():
     used = run_distributed(_context_and_nccl_gib, world_size=1, backend="nccl")[0]
     print(f"CUDA context + one NCCL communicator: {used:.2f} GiB")
     assert 0 < used < CUDA_CONTEXT_AND_NCCL_GIB
+
+
+def test_the_first_checkpoints_estimate_sizes_the_critic_from_its_own_model(tmp_path):
+    """With model.critic_path the critic's share comes from the critic's config.json, not the actor's:
+    a small critic beside the actor is not counted as a second actor (a first save that fits the disk
+    must not be refused)."""
+    import json
+
+    from rlframe.config import load_config
+    from rlframe.plan.memory_estimate import estimated_checkpoint_bytes
+
+    same = estimated_checkpoint_bytes(load_config("ppo_tiny", []))
+    small = tmp_path / "critic"
+    small.mkdir()
+    (small / "config.json").write_text(json.dumps({
+        "model_type": "qwen2", "num_hidden_layers": 1, "hidden_size": 16, "num_attention_heads": 2,
+        "num_key_value_heads": 1, "intermediate_size": 32, "vocab_size": 64}))
+    other = estimated_checkpoint_bytes(load_config("ppo_tiny", [f"model.critic_path={small}"]))
+    assert other < same * 0.75, (other, same)  # the actor's share stays, the critic's shrinks to almost nothing

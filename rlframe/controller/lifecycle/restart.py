@@ -80,13 +80,14 @@ def dead_ranks(roles, *, timeout_s: float = 10.0, node_timeout_s: float = 90.0) 
 
 
 def _resume_after_failure(trainer):
-    """Where the next attempt continues: when this attempt saved a checkpoint, the one resume=auto
-    takes (this run's newest that verifies: the checkpoint manager's one rule); else None (the
-    attempt's own trainer.resume stands, where this run began)."""
-    ckpt = getattr(trainer, "ckpt", None)
-    if ckpt is None or getattr(trainer, "saved", None) in (None, getattr(trainer, "resumed_from", None)):
+    """Where the next attempt continues: the checkpoint this attempt saved last (verified by the manager
+    when written; after a resume from an explicit older checkpoint, the branch it continued, not a
+    newer-numbered one it left), while it is still there; else None (the attempt's own trainer.resume
+    stands, where this run began)."""
+    saved = getattr(trainer, "saved", None)
+    if saved is None or saved == getattr(trainer, "resumed_from", None) or not saved.is_dir():
         return None
-    return ckpt.resolve("auto", announce=False)
+    return saved
 
 
 def fit_with_restarts(cfg: RunConfig, *, trainer_cls, run_dir) -> dict:

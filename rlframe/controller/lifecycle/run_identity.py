@@ -200,7 +200,13 @@ def current_record(run_dir: str | Path) -> RunRecord | None:
         return None
     info = recorded[-1]
     return RunRecord(run_id=str(info["run_id"]), identity=dict(info.get("identity", {})),
-                     attempt=int(info.get("attempt", 1)))
+                     attempt=latest_start(recorded, str(info["run_id"])))
+
+
+def latest_start(infos, run_id: str) -> int:
+    """The run's current start when run.json is gone: the latest start (attempt) any of its checkpoints
+    records (a start after trainer.resume=off may have saved lower step numbers than the one before)."""
+    return max((int(i.get("attempt", 1)) for i in infos if i and i.get("run_id") == run_id), default=1)
 
 
 def claim_run(run_dir: str | Path, cfg, *, announce=None) -> RunRecord:
@@ -228,7 +234,8 @@ def claim_run(run_dir: str | Path, cfg, *, announce=None) -> RunRecord:
             if diff:
                 raise _conflict(run_dir, f"run {info['run_id']}, which wrote {path.name}", diff, files)
             record = RunRecord(run_id=str(info["run_id"]), identity=ours,
-                               created=time.strftime("%Y-%m-%d %H:%M:%S %z"))
+                               created=time.strftime("%Y-%m-%d %H:%M:%S %z"),
+                               attempt=latest_start([i for _, _, i in recorded], str(info["run_id"])))
             announce(f"run directory {run_dir} had no {RUN_FILE}: continuing run {record.run_id}, which wrote "
                      f"{path.name}")
         elif (run_dir / "config.yaml").is_file():  # written before runs were recorded: judged by its config

@@ -50,3 +50,22 @@ def test_more_deaths_than_max_restarts_fail_with_the_history(tmp_path, ray_clust
     with pytest.raises(WorkerRestartsExhausted, match=r"died 1 times, more than trainer.max_restarts=0") as err:
         train(tmp_path, "always", WORKERS + "AlwaysKilledActor", "trainer.max_restarts=0")
     assert "attempt 1, step 1: worker group 'hybrid' (roles actor) rank 1 died" in str(err.value)
+
+
+def test_a_restart_continues_the_branch_this_attempt_saved(tmp_path):
+    """Resumed from an explicit older checkpoint (step 10, beside an abandoned step 20), the attempt saved
+    step 15 and then lost a worker: the next attempt continues from step 15, not from the newer-numbered
+    step 20; an attempt that saved nothing (or whose checkpoint is gone) keeps its own trainer.resume."""
+    import shutil
+    from types import SimpleNamespace
+
+    from rlframe.controller.lifecycle.restart import _resume_after_failure
+
+    older, abandoned, mine = (tmp_path / f"step_{s:06d}" for s in (10, 20, 15))
+    for d in (older, abandoned, mine):
+        d.mkdir()
+    assert _resume_after_failure(SimpleNamespace(saved=mine, resumed_from=older)) == mine
+    assert _resume_after_failure(SimpleNamespace(saved=older, resumed_from=older)) is None
+    assert _resume_after_failure(SimpleNamespace(saved=None, resumed_from=None)) is None
+    shutil.rmtree(mine)
+    assert _resume_after_failure(SimpleNamespace(saved=mine, resumed_from=older)) is None

@@ -184,3 +184,25 @@ def test_kl_controllers_keep_what_the_user_set():
     from_fixed = AdaptiveKLController(init_kl_coef=0.5, target_kl=3.0, horizon=100)
     from_fixed.load_state_dict(FixedKLController(kl_coef=0.001).state_dict())
     assert from_fixed.value == 0.5
+
+
+def test_without_run_json_the_runs_latest_start_is_recovered(tmp_path):
+    """run.json lost after trainer.resume=off started the run over: its second start saved step 10, the
+    first step 60. The planner's read (current_record) and the trainer's claim agree on start 2, so
+    resume=auto continues start 2 and start 1's checkpoints stay superseded."""
+    from rlframe.controller.lifecycle.checkpoint import resume_checkpoint
+    from rlframe.controller.lifecycle.run_identity import config_dict, current_record, identity_of
+    from rlframe.utils import manifest
+
+    cfg = load_config("ppo_tiny", [f"trainer.output_dir={tmp_path}"])
+    run_dir = tmp_path / cfg.trainer.experiment
+    for step, attempt in ((60, 1), (10, 2)):
+        ckpt = run_dir / "checkpoints" / f"step_{step:06d}"
+        ckpt.mkdir(parents=True)
+        (ckpt / "trainer_state.json").write_text(json.dumps({"step": step}))
+        (ckpt / "run.json").write_text(json.dumps({"run_id": "r1", "attempt": attempt,
+                                                   "identity": identity_of(config_dict(cfg))}))
+        manifest.write_manifest(ckpt)
+    assert current_record(run_dir).attempt == 2
+    assert resume_checkpoint(run_dir, "auto").name == "step_000010"
+    assert claim_run(run_dir, cfg, announce=lambda line: None).attempt == 2
