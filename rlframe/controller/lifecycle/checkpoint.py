@@ -194,7 +194,7 @@ class CheckpointManager:
                     "trainer.experiment")
             shutil.rmtree(final)
         tmp.rename(final)
-        self._prune()
+        self._prune(just_saved=final)
         return final
 
     def _check_space(self, step: int) -> int:
@@ -219,13 +219,14 @@ class CheckpointManager:
     def load_state(self, path: Path) -> dict:
         return json.loads((Path(path) / STATE_FILE).read_text())
 
-    def _prune(self) -> None:
-        """Keep this run's `keep` newest checkpoints and, if it is not among them, its newest one that
-        verifies (read back from disk now); delete this run's others, and once one of this start
-        verifies, the checkpoints of the run's earlier starts (trainer.resume=off). Other runs' are
-        never deleted."""
+    def _prune(self, just_saved: Path | None = None) -> None:
+        """Keep this run's `keep` newest checkpoints, the one just saved (after a resume from an explicit
+        older checkpoint it numbers below the branch left behind, and is the one a resume continues),
+        and, if it is not among them, its newest one that verifies (read back from disk now); delete
+        this run's others, and once one of this start verifies, the checkpoints of the run's earlier
+        starts (trainer.resume=off). Other runs' are never deleted."""
         done = self.complete()
-        keep = {p for _, p in done[-self.keep:]}
+        keep = {p for _, p in done[-self.keep:]} | ({just_saved} if just_saved is not None else set())
         verified = self.newest_verified()
         if verified is not None:
             keep.add(verified)

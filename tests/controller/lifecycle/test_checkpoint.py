@@ -76,6 +76,18 @@ def test_retention_keeps_the_newest_verified_until_a_newer_one_verifies(tmp_path
     assert [p for _, p in mgr.complete()] == [third]
 
 
+def test_retention_keeps_the_checkpoint_just_saved_below_a_left_branch(tmp_path):
+    """Resumed from an explicit older checkpoint (step 2, beside a step 4 it left behind), the run saves
+    step 3: with keep=1 the step just saved stays (it is the run's progress; it was deleted at once, the
+    newest by number being step 4), and step 4, the newest by number, stays too."""
+    mgr = CheckpointManager(tmp_path, keep=2)
+    save(mgr, 2)
+    left = save(mgr, 4)
+    mgr.keep = 1
+    mine = save(mgr, 3)
+    assert mine.is_dir() and left.is_dir(), [p.name for _, p in mgr.complete()]
+
+
 def test_main_fails_before_ray_naming_the_damaged_file(tmp_path):
     """`python -m rlframe.main trainer.resume=DAMAGED` stops in the driver's config check (before Ray or
     any worker starts), exit code 2, the file named, no traceback."""
