@@ -229,6 +229,8 @@ def _check_plan_qwen7b_top3(code, out, out_dir):
     assert code == 0
     _plan_table(out, "grpo_qwen7b", 3)
     assert int(_one(out, r"\s+(\d+) more do not fit the devices").group(1)) > 0
+    # plan.md: "`--constants h100-assumed` gives datasheet figures with stated" assumptions: the header says so
+    assert "constants: assumed H100 SXM figures, not measured" in out
 
 
 def _preflight_checks(code, out, out_dir, *, steps: int) -> dict[int, list[str]]:
@@ -362,7 +364,7 @@ PROMISES = {
     "python -m rlframe.main actor.strategy=megatron actor.dp=1 actor.tp=2 critic.strategy=megatron critic.dp=1 "
     "critic.tp=2": _check_megatron,
     "rlframe plan --top 5": _check_plan_top5,
-    "rlframe plan -cn grpo_qwen7b --top 3": _check_plan_qwen7b_top3,
+    "rlframe plan -cn grpo_qwen7b --top 3 --constants h100-assumed": _check_plan_qwen7b_top3,
     "python -m rlframe.main trainer.auto_plan=true resources.procs_per_node=4 trainer.dry_run=true":
         _check_auto_plan_dry_run,
     "python -m rlframe.main resources.placement=split +resources.split_procs={actor: 1, rollout: 1} actor.dp=1 "
