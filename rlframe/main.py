@@ -13,12 +13,10 @@ import sys
 
 def _configs_epilog() -> str:
     """--help's list of the built-in configs and config groups (a directory listing)."""
-    from rlframe.config.load import CONFIGS_DIR, available_configs, config_groups
+    from rlframe.config.load import CONFIGS_DIR
+    from rlframe.config.show import config_choices
 
-    lines = [f"configs (--config-name): {', '.join(available_configs())}"]
-    lines += [f"config group {g} ({g}=NAME): {', '.join(available_configs(CONFIGS_DIR / g))}"
-              for g in sorted(config_groups([CONFIGS_DIR]))]
-    return "\n".join(lines + ["Options may come anywhere among the overrides."])
+    return "\n".join(config_choices([CONFIGS_DIR]) + ["Options may come anywhere among the overrides."])
 
 
 def _at_least_1(text: str) -> int:
@@ -94,14 +92,16 @@ def main(argv: list[str] | None = None) -> int:
     if args.cfg or args.info:
         return show_config(args)
     name, overrides, config_path = args.config_name, args.overrides, args.config_path
+    from rlframe.config import load_config
     from rlframe.controller.run import run_dir_in_use
-    from rlframe.plan.command import planned_config
+    from rlframe.plan.command import planned
 
     try:
-        in_use = run_dir_in_use(name, overrides, config_path)  # first: the port a live run holds is its own
+        cfg = load_config(name, overrides, extra_dir=config_path)
+        in_use = run_dir_in_use(cfg)  # first: the port a live run holds is its own
         if in_use is not None:
             raise in_use
-        cfg = planned_config(name, overrides, config_path)
+        cfg = planned(cfg)
     except (ConfigError, ValueError) as err:
         print(f"rlframe: {err}", file=sys.stderr)
         return 2

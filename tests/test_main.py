@@ -66,7 +66,7 @@ def test_help_names_hydras_flags_and_the_config_groups(capsys):
     assert exc.value.code == 0
     out = capsys.readouterr().out
     assert all(flag in out for flag in ("--cfg {job,hydra,all}", "--resolve", "--info", "--config-name"))
-    assert "config group algorithm (algorithm=NAME): " in out and "grpo_tiny" in out
+    assert "Config group algorithm (algorithm=NAME): " in out and "grpo_tiny" in out
 
 
 def test_a_config_error_exits_2(nothing_starts, capsys):

@@ -32,6 +32,17 @@ def _yaml(cfg, *, resolve: bool) -> str:
             OmegaConf.to_yaml(cfg)
 
 
+def config_choices(dirs: list[Path]) -> list[str]:
+    """The configs (--config-name) and config groups (GROUP=NAME) of these directories, a line each."""
+    from rlframe.config.load import available_configs, config_groups
+
+    out = ["Configs (--config-name): " + ", ".join(sorted({c for d in dirs for c in available_configs(d)}))]
+    for group in sorted(config_groups(dirs)):
+        choices = sorted({c for d in dirs for c in available_configs(d / group)})
+        out.append(f"Config group {group} ({group}=NAME): {', '.join(choices)}")
+    return out
+
+
 def config_text(name: str, overrides: list[str], config_path: str | None, *, cfg: str, resolve: bool) -> str:
     """`--cfg job`: the composed config (what load_config type-checks; `trainer.dry_run=true` then validates
     it); `--cfg hydra`: Hydra's own `hydra` section; `--cfg all`: both."""
@@ -57,7 +68,7 @@ def info_text(name: str, overrides: list[str], config_path: str | None, *, kind:
     from hydra.core.global_hydra import GlobalHydra
     from hydra.types import RunMode
 
-    from rlframe.config.load import CONFIGS_DIR, available_configs, compose_config, config_groups, with_hydra
+    from rlframe.config.load import CONFIGS_DIR, compose_config, with_hydra
 
     out = [f"Hydra {hydra.__version__} (compose API); config {name!r}, overrides {overrides or []}"]
     if kind in ("all", "searchpath"):
@@ -70,10 +81,7 @@ def info_text(name: str, overrides: list[str], config_path: str | None, *, kind:
         if config_path:  # load.py adds it as hydra.searchpath, applied while composing
             out.append(f"  file: {CONFIGS_DIR} (hydra.searchpath: the built-in configs)")
         dirs = ([Path(config_path).expanduser().resolve()] if config_path else []) + [CONFIGS_DIR]
-        out += ["", "Configs (--config-name): " + ", ".join(sorted({c for d in dirs for c in available_configs(d)}))]
-        for group in sorted(config_groups(dirs)):
-            choices = sorted({c for d in dirs for c in available_configs(d / group)})
-            out.append(f"Config group {group} ({group}=NAME): {', '.join(choices)}")
+        out += ["", *config_choices(dirs)]
     if kind in ("all", "defaults"):
         def defaults(o):
             return GlobalHydra.instance().config_loader().compute_defaults_list(name, o, RunMode.RUN).defaults

@@ -23,18 +23,13 @@ def _trainer_and_restarts(cfg: RunConfig):
     return trainers.trainer_class(cfg), fit_with_restarts
 
 
-def run_dir_in_use(name: str, overrides: list[str], config_path: str | None = None):
-    """RunLocked (a ConfigError) when a live run holds the run directory this launch names, else None:
+def run_dir_in_use(cfg: RunConfig):
+    """RunLocked (a ConfigError) when a live run holds the run directory of the loaded `cfg`, else None:
     asked before the config is validated and planned, whose checks would otherwise answer for that run
-    (its trainer.prometheus_port is taken, by it; the planner reads its checkpoints). A config that does
-    not load, or a dry run (which uses no run directory), gets None: validation says the rest."""
-    from rlframe.config import ConfigError, load_config
+    (its trainer.prometheus_port is taken, by it; the planner reads its checkpoints). A dry run (which
+    uses no run directory) gets None."""
     from rlframe.controller.lifecycle.run_lock import live_holder
 
-    try:
-        cfg = load_config(name, overrides, extra_dir=config_path)
-    except (ConfigError, ValueError):
-        return None
     if cfg.trainer.dry_run:
         return None
     return live_holder(Path(cfg.trainer.output_dir) / cfg.trainer.experiment)

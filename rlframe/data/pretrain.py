@@ -433,16 +433,13 @@ def build_pretrained_model(
     with REPRODUCIBLE_ENV, so the weights depend only on the arguments and the installed
     torch/transformers (and, as measured, on whether the CPU is AMD or Intel: docs/tiny_model.md).
     """
-    cfg = _recipe(preset, task, steps, cfg)
-    root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
-    key = cache_key(preset=preset, task=task, seed=seed, cfg=cfg)
-    if use_shipped:
-        from rlframe.data.shipped import find_shipped, install_shipped
+    source, shipped, final, cfg = _source(preset=preset, task=task, seed=seed, steps=steps, cache_dir=cache_dir,
+                                          cfg=cfg, use_shipped=use_shipped)
+    if source == "shipped":
+        from rlframe.data.shipped import install_shipped
 
-        if (shipped := find_shipped(key)) is not None:
-            return install_shipped(shipped, root / "models" / f"{key}-shipped")
-    final = root / "models" / key
-    if not (final / "rlframe_pretrain.json").exists():
+        return install_shipped(shipped, final)
+    if source == "build":
         _build_into(final, preset=preset, task=task, seed=seed, cfg=cfg)
     return final
 
@@ -452,15 +449,24 @@ def pretrained_source(*, preset: str = "demo", task: str = "arithmetic", seed: i
     """Where `build_pretrained_model` with these arguments takes the model from, without doing it:
     "shipped" (the repository's pre-trained copy), "cached" (built earlier on this machine) or "build"
     (trained now, in a child process)."""
-    cfg = _recipe(preset, task, steps, None)
+    return _source(preset=preset, task=task, seed=seed, steps=steps, cache_dir=cache_dir, cfg=None,
+                   use_shipped=use_shipped)[0]
+
+
+def _source(*, preset: str, task: str, seed: int, steps: int | None, cache_dir, cfg: SFTConfig | None,
+            use_shipped: bool):
+    """(source, the shipped entry or None, the model's directory in the cache, the recipe): the one
+    decision of `build_pretrained_model` and `pretrained_source`."""
+    cfg = _recipe(preset, task, steps, cfg)
+    root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     key = cache_key(preset=preset, task=task, seed=seed, cfg=cfg)
     if use_shipped:
         from rlframe.data.shipped import find_shipped
 
-        if find_shipped(key) is not None:
-            return "shipped"
-    root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
-    return "cached" if (root / "models" / key / "rlframe_pretrain.json").exists() else "build"
+        if (shipped := find_shipped(key)) is not None:
+            return "shipped", shipped, root / "models" / f"{key}-shipped", cfg
+    final = root / "models" / key
+    return ("cached" if (final / "rlframe_pretrain.json").exists() else "build"), None, final, cfg
 
 
 def _recipe(preset: str, task: str, steps: int | None, cfg: SFTConfig | None) -> SFTConfig:

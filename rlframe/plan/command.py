@@ -189,12 +189,18 @@ def planned_config(name: str, overrides: list[str], config_path: str | None = No
     """The run's validated config; with trainer.auto_plan=true its placement and layouts are the
     planner's choice first (rlframe/plan), so the layout written in the config need not fit.
     `log` takes the planner's line (default: printed)."""
-    from rlframe.config import load_config, validate
+    from rlframe.config import load_config
+
+    return planned(load_config(name, overrides, extra_dir=config_path), log=log)
+
+
+def planned(cfg, *, log=None):
+    """`planned_config` of a config already loaded."""
+    from rlframe.config import validate
     from rlframe.config.algorithms import algorithm_spec, known
 
-    cfg = load_config(name, overrides, extra_dir=config_path)
-    planned = known(cfg.algorithm) and not algorithm_spec(cfg.algorithm).dataflow  # else validate says why
-    if cfg.trainer.auto_plan and planned:
+    plannable = known(cfg.algorithm) and not algorithm_spec(cfg.algorithm).dataflow  # else validate says why
+    if cfg.trainer.auto_plan and plannable:
         cfg = auto_plan(cfg, log=log or _say)
     return validate(cfg)
 

@@ -100,10 +100,11 @@ DEFAULT_MAX_ERROR_FRACTION = 0.5
 class RewardErrorsExceeded(RuntimeError):
     """More than the allowed fraction of one batch's rewards failed; the message holds the first traceback."""
 
-    def __init__(self, *, failed: int, total: int, max_error_fraction: float, first_traceback: str):
+    def __init__(self, *, failed: int, total: int, max_error_fraction: float | None, first_traceback: str,
+                 message: str | None = None):
         self.failed, self.total, self.max_error_fraction = failed, total, max_error_fraction
         self.first_traceback = first_traceback
-        super().__init__(
+        super().__init__(message or
             f"the reward function failed on {failed} of {total} samples of a batch, more than "
             f"reward.max_error_fraction={max_error_fraction} allows, so the run stops instead of training on "
             f"zeros. The first failure:\n{first_traceback.rstrip()}\n"

@@ -204,14 +204,14 @@ class CheckpointManager:
         done = self.complete()
         need = _tree_bytes(done[-1][1]) if done else self.estimate_bytes
         self.root.mkdir(parents=True, exist_ok=True)
-        if need > shutil.disk_usage(self.root).free:
+        if need > _free_bytes(self.root):
             why = "not enough free space" + ("" if done else " (the size estimated from the model and optimizer state)")
             raise CheckpointWriteFailed(self._failure_line(step, need, why))
         return need
 
     def _failure_line(self, step: int, need: int, why: str) -> str:
         newest = self.newest_verified(warn=False)
-        free = shutil.disk_usage(self.root).free if self.root.exists() else 0
+        free = _free_bytes(self.root) if self.root.exists() else 0
         return (f"checkpoint of step {step} not written in {self.root}: {why}; it needs about {need / 2**20:.1f} MiB, "
                 f"{free / 2**20:.1f} MiB are free; newest intact checkpoint: {newest or 'none'} (free space and run "
                 "the same command again to resume from it)")

@@ -194,19 +194,22 @@ def current_record(run_dir: str | Path) -> RunRecord | None:
     record = read_run_record(run_dir)
     if record is not None:
         return record
-    recorded = [info for _, path, info in ((s, p, checkpoint_run_info(p)) for s, p in complete_checkpoints(run_dir))
-                if info and "run_id" in info]
+    recovered = recovered_run([(s, p, checkpoint_run_info(p)) for s, p in complete_checkpoints(run_dir)])
+    return None if recovered is None else recovered[0]
+
+
+def recovered_run(ckpts) -> tuple[RunRecord, Path] | None:
+    """When run.json is gone: the run of the newest checkpoint that records one (`ckpts`: (step, path, its
+    run info), oldest first), and that checkpoint's path. Its start (attempt) is the latest any of the
+    run's checkpoints records (a start after trainer.resume=off may have saved lower step numbers than
+    the one before); None when no checkpoint records a run."""
+    recorded = [(path, info) for _, path, info in ckpts if info and "run_id" in info]
     if not recorded:
         return None
-    info = recorded[-1]
-    return RunRecord(run_id=str(info["run_id"]), identity=dict(info.get("identity", {})),
-                     attempt=latest_start(recorded, str(info["run_id"])))
-
-
-def latest_start(infos, run_id: str) -> int:
-    """The run's current start when run.json is gone: the latest start (attempt) any of its checkpoints
-    records (a start after trainer.resume=off may have saved lower step numbers than the one before)."""
-    return max((int(i.get("attempt", 1)) for i in infos if i and i.get("run_id") == run_id), default=1)
+    path, info = recorded[-1]
+    run_id = str(info["run_id"])
+    attempt = max(int(i.get("attempt", 1)) for _, i in recorded if i.get("run_id") == run_id)
+    return RunRecord(run_id=run_id, identity=dict(info.get("identity", {})), attempt=attempt), path
 
 
 def claim_run(run_dir: str | Path, cfg, *, announce=None) -> RunRecord:
@@ -226,16 +229,14 @@ def claim_run(run_dir: str | Path, cfg, *, announce=None) -> RunRecord:
         if diff:
             raise _conflict(run_dir, f"run {record.run_id}, {RUN_FILE}", diff, _run_files(run_dir))
     else:
-        recorded = [(step, path, info) for step, path, info in ckpts if info and "run_id" in info]
+        recovered = recovered_run(ckpts)
         files = _run_files(run_dir)
-        if recorded:  # run.json is gone: the directory belongs to the run of its newest recorded checkpoint
-            _, path, info = recorded[-1]
-            diff = identity_diff(info.get("identity", {}), ours)
+        if recovered:  # run.json is gone: the directory belongs to the run of its newest recorded checkpoint
+            record, path = recovered
+            diff = identity_diff(record.identity, ours)
             if diff:
-                raise _conflict(run_dir, f"run {info['run_id']}, which wrote {path.name}", diff, files)
-            record = RunRecord(run_id=str(info["run_id"]), identity=ours,
-                               created=time.strftime("%Y-%m-%d %H:%M:%S %z"),
-                               attempt=latest_start([i for _, _, i in recorded], str(info["run_id"])))
+                raise _conflict(run_dir, f"run {record.run_id}, which wrote {path.name}", diff, files)
+            record.identity, record.created = ours, time.strftime("%Y-%m-%d %H:%M:%S %z")
             announce(f"run directory {run_dir} had no {RUN_FILE}: continuing run {record.run_id}, which wrote "
                      f"{path.name}")
         elif (run_dir / "config.yaml").is_file():  # written before runs were recorded: judged by its config

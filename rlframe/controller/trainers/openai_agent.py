@@ -40,8 +40,8 @@ class EpisodeErrorsExceeded(RewardErrorsExceeded):
     function (exit code 1, one message: how many failed and how, the first failure, what to check)."""
 
     def __init__(self, message: str, *, failed: int, total: int, max_error_fraction: float | None, first: str):
-        self.failed, self.total, self.max_error_fraction, self.first_traceback = failed, total, max_error_fraction, first
-        RuntimeError.__init__(self, message)
+        super().__init__(failed=failed, total=total, max_error_fraction=max_error_fraction, first_traceback=first,
+                         message=message)
 
 
 def check_episodes(results: list, *, trained_tokens: int, max_error_fraction: float | None) -> None:
